@@ -1,0 +1,49 @@
+# Decides whether the CUDA part is built (SHARDTORCH_WITH_CUDA) and prepares
+# torch's CMake CUDA detection, which on these machines guesses the toolkit root
+# wrongly and builds every architecture unless told otherwise.
+set(SHARDTORCH_WITH_CUDA OFF)
+if(NOT SHARDTORCH_CUDA STREQUAL "OFF")
+  if(NOT CMAKE_CUDA_COMPILER)
+    find_program(_shardtorch_nvcc nvcc PATHS /usr/local/cuda/bin "$ENV{CUDA_HOME}/bin" NO_CACHE)
+    if(_shardtorch_nvcc)
+      # /usr/local/bin/nvcc may be a wrapper: use the toolkit's own binary.
+      get_filename_component(_shardtorch_nvcc "${_shardtorch_nvcc}" REALPATH)
+      if(EXISTS /usr/local/cuda/bin/nvcc)
+        set(_shardtorch_nvcc /usr/local/cuda/bin/nvcc)
+      endif()
+      set(CMAKE_CUDA_COMPILER "${_shardtorch_nvcc}")
+    endif()
+  endif()
+  if(SHARDTORCH_TORCH_HAS_CUDA AND CMAKE_CUDA_COMPILER)
+    set(SHARDTORCH_WITH_CUDA ON)
+  elseif(SHARDTORCH_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "SHARDTORCH_CUDA=ON but torch has CUDA=${SHARDTORCH_TORCH_HAS_CUDA} "
+                        "and nvcc='${CMAKE_CUDA_COMPILER}'")
+  endif()
+endif()
+
+if(SHARDTORCH_TORCH_HAS_CUDA)
+  # torch's own config needs the toolkit even when we build no CUDA code.
+  if(CMAKE_CUDA_COMPILER)
+    get_filename_component(_shardtorch_cuda_bin "${CMAKE_CUDA_COMPILER}" DIRECTORY)
+    get_filename_component(_shardtorch_cuda_root "${_shardtorch_cuda_bin}" DIRECTORY)
+    set(CUDA_TOOLKIT_ROOT_DIR "${_shardtorch_cuda_root}" CACHE PATH "CUDA toolkit root")
+    set(CUDAToolkit_ROOT "${_shardtorch_cuda_root}")
+  endif()
+  set(ENV{TORCH_CUDA_ARCH_LIST} "${SHARDTORCH_CUDA_ARCH}")
+  set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
+  if(SHARDTORCH_NVIDIA_ROOT)
+    find_library(CUDA_nvrtc_LIBRARY NAMES libnvrtc.so.13 libnvrtc.so.12 nvrtc
+      PATHS "${SHARDTORCH_NVIDIA_ROOT}/cu13/lib" "${SHARDTORCH_NVIDIA_ROOT}/cuda_nvrtc/lib"
+      "${CUDA_TOOLKIT_ROOT_DIR}/lib64" NO_DEFAULT_PATH)
+  endif()
+endif()
+if(SHARDTORCH_WITH_CUDA)
+  enable_language(CUDA)
+  # torch's CMake takes the architectures from TORCH_CUDA_ARCH_LIST (set above)
+  # and warns when CMAKE_CUDA_ARCHITECTURES is also defined.
+  unset(CMAKE_CUDA_ARCHITECTURES)
+  unset(CMAKE_CUDA_ARCHITECTURES CACHE)
+endif()
+message(STATUS "shardtorch: CUDA part ${SHARDTORCH_WITH_CUDA} (torch CUDA: ${SHARDTORCH_TORCH_HAS_CUDA}, "
+               "nvcc: ${CMAKE_CUDA_COMPILER}, arch: ${SHARDTORCH_CUDA_ARCH})")

@@ -1,0 +1,138 @@
+// Autograd of the communication mappings: each backward calls the adjoint op
+// through the dispatcher, so double backward and TorchScript see ops too.
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include "ops/mappings.h"
+
+namespace shardtorch {
+namespace autograd {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::Function;
+using torch::autograd::variable_list;
+
+std::string saved_group(AutogradContext* ctx) { return ctx->saved_data["group"].toStringRef(); }
+
+class CopyFunction : public Function<CopyFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const std::string& group) {
+    ctx->saved_data["group"] = group;
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return ops::copy(input, group);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {ops::reduce(grads[0], saved_group(ctx)), at::Tensor()};
+  }
+};
+
+class ReduceFunction : public Function<ReduceFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const std::string& group) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return ops::reduce(input, group);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {grads[0], at::Tensor()};
+  }
+};
+
+class ScatterFunction : public Function<ScatterFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, int64_t dim,
+                            const std::string& group) {
+    ctx->saved_data["group"] = group;
+    ctx->saved_data["dim"] = dim;
+    ctx->saved_data["full_size"] = input.sym_size(dim < 0 ? dim + input.dim() : dim);
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return ops::scatter(input, dim, group);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto full = ctx->saved_data["full_size"].toSymInt();
+    return {ops::gather(grads[0], ctx->saved_data["dim"].toInt(), saved_group(ctx), full),
+            at::Tensor(), at::Tensor()};
+  }
+};
+
+class GatherFunction : public Function<GatherFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, int64_t dim,
+                            const std::string& group, std::optional<c10::SymInt> full_size) {
+    ctx->saved_data["group"] = group;
+    ctx->saved_data["dim"] = dim;
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return ops::gather(input, dim, group, std::move(full_size));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {ops::scatter(grads[0], ctx->saved_data["dim"].toInt(), saved_group(ctx)), at::Tensor(),
+            at::Tensor(), at::Tensor()};
+  }
+};
+
+class AllGatherFunction : public Function<AllGatherFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, int64_t dim,
+                            const std::string& group, std::optional<c10::SymInt> full_size) {
+    ctx->saved_data["group"] = group;
+    ctx->saved_data["dim"] = dim;
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return ops::all_gather(input, dim, group, std::move(full_size));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {ops::reduce_scatter(grads[0], ctx->saved_data["dim"].toInt(), saved_group(ctx)),
+            at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+class ReduceScatterFunction : public Function<ReduceScatterFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, int64_t dim,
+                            const std::string& group) {
+    ctx->saved_data["group"] = group;
+    ctx->saved_data["dim"] = dim;
+    ctx->saved_data["full_size"] = input.sym_size(dim < 0 ? dim + input.dim() : dim);
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return ops::reduce_scatter(input, dim, group);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto full = ctx->saved_data["full_size"].toSymInt();
+    return {ops::all_gather(grads[0], ctx->saved_data["dim"].toInt(), saved_group(ctx), full),
+            at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor copy_autograd(const at::Tensor& input, const std::string& group) {
+  return CopyFunction::apply(input, group);
+}
+at::Tensor reduce_autograd(const at::Tensor& input, const std::string& group) {
+  return ReduceFunction::apply(input, group);
+}
+at::Tensor scatter_autograd(const at::Tensor& input, int64_t dim, const std::string& group) {
+  return ScatterFunction::apply(input, dim, group);
+}
+at::Tensor gather_autograd(const at::Tensor& input, int64_t dim, const std::string& group,
+                           std::optional<c10::SymInt> full_size) {
+  return GatherFunction::apply(input, dim, group, std::move(full_size));
+}
+at::Tensor all_gather_autograd(const at::Tensor& input, int64_t dim, const std::string& group,
+                               std::optional<c10::SymInt> full_size) {
+  return AllGatherFunction::apply(input, dim, group, std::move(full_size));
+}
+at::Tensor reduce_scatter_autograd(const at::Tensor& input, int64_t dim, const std::string& group) {
+  return ReduceScatterFunction::apply(input, dim, group);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(shard, Autograd, m) {
+  m.impl("copy", TORCH_FN(copy_autograd));
+  m.impl("reduce", TORCH_FN(reduce_autograd));
+  m.impl("scatter", TORCH_FN(scatter_autograd));
+  m.impl("gather", TORCH_FN(gather_autograd));
+  m.impl("all_gather", TORCH_FN(all_gather_autograd));
+  m.impl("reduce_scatter", TORCH_FN(reduce_scatter_autograd));
+}
+
+}  // namespace autograd
+}  // namespace shardtorch

@@ -1,0 +1,64 @@
+#pragma once
+// The communication interface every op uses. A Communicator belongs to one
+// group and one device type; ops never talk to c10d or NCCL directly, so the
+// same op code runs over Gloo on CPU and NCCL on CUDA.
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+
+namespace shardtorch {
+namespace comm {
+
+// A collective in flight. wait() orders the caller after its completion: on
+// CPU it blocks; on CUDA it makes the current stream wait, without a host sync.
+class CommHandle {
+ public:
+  virtual ~CommHandle() = default;
+  virtual void wait() = 0;
+};
+
+// A handle for work that already finished (or was never needed).
+class CompletedHandle final : public CommHandle {
+ public:
+  void wait() override {}
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int64_t rank() const = 0;
+  virtual int64_t size() const = 0;
+  virtual const std::string& group_name() const = 0;
+  // "gloo", "nccl", ...: for error messages and tests.
+  virtual std::string backend_name() const = 0;
+
+  // In-place sum over the group. `tensor` must be contiguous.
+  virtual std::shared_ptr<CommHandle> all_reduce_async(at::Tensor& tensor) = 0;
+  // `output` holds size() equal blocks, each input.numel() long, in rank order.
+  virtual std::shared_ptr<CommHandle> all_gather_async(const at::Tensor& input,
+                                                       at::Tensor& output) = 0;
+  // `input` holds size() equal blocks; block r, summed over the group, lands
+  // in `output` on rank r.
+  virtual std::shared_ptr<CommHandle> reduce_scatter_async(const at::Tensor& input,
+                                                           at::Tensor& output) = 0;
+  virtual std::shared_ptr<CommHandle> broadcast_async(at::Tensor& tensor, int64_t root) = 0;
+  virtual std::shared_ptr<CommHandle> send_async(const at::Tensor& tensor, int64_t dst) = 0;
+  virtual std::shared_ptr<CommHandle> recv_async(at::Tensor& tensor, int64_t src) = 0;
+
+  void all_reduce(at::Tensor& tensor) { all_reduce_async(tensor)->wait(); }
+  void all_gather(const at::Tensor& input, at::Tensor& output) {
+    all_gather_async(input, output)->wait();
+  }
+  void reduce_scatter(const at::Tensor& input, at::Tensor& output) {
+    reduce_scatter_async(input, output)->wait();
+  }
+  void broadcast(at::Tensor& tensor, int64_t root) { broadcast_async(tensor, root)->wait(); }
+  void send(const at::Tensor& tensor, int64_t dst) { send_async(tensor, dst)->wait(); }
+  void recv(at::Tensor& tensor, int64_t src) { recv_async(tensor, src)->wait(); }
+};
+
+}  // namespace comm
+}  // namespace shardtorch

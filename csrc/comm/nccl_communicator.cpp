@@ -1,0 +1,186 @@
+#include "comm/nccl_communicator.h"
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <nccl.h>
+
+#include <cstring>
+#include <memory>
+#include <type_traits>
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include "comm/process_group_communicator.h"
+
+#define SHARDTORCH_NCCL_CHECK(expr, what)                                                       \
+  do {                                                                                         \
+    ncclResult_t _result = (expr);                                                             \
+    TORCH_CHECK(_result == ncclSuccess, "shardtorch: NCCL ", what, " failed: ",                \
+                ncclGetErrorString(_result), " (", __FILE__, ":", __LINE__, ")");              \
+  } while (0)
+
+namespace shardtorch {
+namespace comm {
+namespace {
+
+struct NcclCommDeleter {
+  void operator()(ncclComm_t comm) const {
+    if (comm) ncclCommDestroy(comm);
+  }
+};
+using NcclCommPtr = std::unique_ptr<std::remove_pointer_t<ncclComm_t>, NcclCommDeleter>;
+
+ncclDataType_t nccl_dtype(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat: return ncclFloat32;
+    case at::kDouble: return ncclFloat64;
+    case at::kHalf: return ncclFloat16;
+    case at::kBFloat16: return ncclBfloat16;
+    case at::kLong: return ncclInt64;
+    case at::kInt: return ncclInt32;
+    case at::kByte: return ncclUint8;
+    case at::kChar: return ncclInt8;
+    default: TORCH_CHECK(false, "shardtorch NCCL communicator: unsupported dtype ", type);
+  }
+}
+
+// Makes the caller's current stream wait for work enqueued on the
+// communication stream.
+class NcclHandle final : public CommHandle {
+ public:
+  explicit NcclHandle(std::shared_ptr<at::cuda::CUDAEvent> done) : done_(std::move(done)) {}
+  void wait() override {
+    if (done_) done_->block(at::cuda::getCurrentCUDAStream());
+    done_.reset();
+  }
+
+ private:
+  std::shared_ptr<at::cuda::CUDAEvent> done_;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  explicit NcclCommunicator(const GroupInfo& group)
+      : name_(group.layout.name),
+        rank_(group.layout.rank),
+        size_(group.layout.size),
+        device_(c10::cuda::current_device()),
+        stream_(at::cuda::getStreamFromPool(/*isHighPriority=*/true, device_)) {
+    ncclUniqueId id;
+    if (rank_ == 0) SHARDTORCH_NCCL_CHECK(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    at::Tensor id_bytes = at::empty({static_cast<int64_t>(sizeof(id))}, at::kByte);
+    std::memcpy(id_bytes.data_ptr(), &id, sizeof(id));
+    ProcessGroupCommunicator(name_, group.process_group).broadcast(id_bytes, 0);
+    std::memcpy(&id, id_bytes.data_ptr(), sizeof(id));
+    c10::cuda::CUDAGuard guard(device_);
+    ncclComm_t raw = nullptr;
+    SHARDTORCH_NCCL_CHECK(ncclCommInitRank(&raw, static_cast<int>(size_), id, static_cast<int>(rank_)),
+                          "ncclCommInitRank for group '" + name_ + "'");
+    comm_.reset(raw);
+  }
+
+  int64_t rank() const override { return rank_; }
+  int64_t size() const override { return size_; }
+  const std::string& group_name() const override { return name_; }
+  std::string backend_name() const override { return "nccl"; }
+
+  std::shared_ptr<CommHandle> all_reduce_async(at::Tensor& tensor) override {
+    return enqueue({tensor}, "all_reduce", [&](cudaStream_t s) {
+      return ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(),
+                           nccl_dtype(tensor.scalar_type()), ncclSum, comm_.get(), s);
+    });
+  }
+
+  std::shared_ptr<CommHandle> all_gather_async(const at::Tensor& input, at::Tensor& output) override {
+    TORCH_CHECK(output.numel() == input.numel() * size_, "all_gather: output must hold ", size_,
+                " blocks of ", input.numel(), " elements, got ", output.numel());
+    return enqueue({input, output}, "all_gather", [&](cudaStream_t s) {
+      return ncclAllGather(input.data_ptr(), output.data_ptr(), input.numel(),
+                           nccl_dtype(input.scalar_type()), comm_.get(), s);
+    });
+  }
+
+  std::shared_ptr<CommHandle> reduce_scatter_async(const at::Tensor& input,
+                                                   at::Tensor& output) override {
+    TORCH_CHECK(input.numel() == output.numel() * size_, "reduce_scatter: input must hold ", size_,
+                " blocks of ", output.numel(), " elements, got ", input.numel());
+    return enqueue({input, output}, "reduce_scatter", [&](cudaStream_t s) {
+      return ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(),
+                               nccl_dtype(input.scalar_type()), ncclSum, comm_.get(), s);
+    });
+  }
+
+  std::shared_ptr<CommHandle> broadcast_async(at::Tensor& tensor, int64_t root) override {
+    return enqueue({tensor}, "broadcast", [&](cudaStream_t s) {
+      return ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(),
+                           nccl_dtype(tensor.scalar_type()), static_cast<int>(root), comm_.get(), s);
+    });
+  }
+
+  std::shared_ptr<CommHandle> send_async(const at::Tensor& tensor, int64_t dst) override {
+    return enqueue({tensor}, "send", [&](cudaStream_t s) {
+      return ncclSend(tensor.data_ptr(), tensor.numel(), nccl_dtype(tensor.scalar_type()),
+                      static_cast<int>(dst), comm_.get(), s);
+    });
+  }
+
+  std::shared_ptr<CommHandle> recv_async(at::Tensor& tensor, int64_t src) override {
+    return enqueue({tensor}, "recv", [&](cudaStream_t s) {
+      return ncclRecv(tensor.data_ptr(), tensor.numel(), nccl_dtype(tensor.scalar_type()),
+                      static_cast<int>(src), comm_.get(), s);
+    });
+  }
+
+ private:
+  template <typename Launch>
+  std::shared_ptr<CommHandle> enqueue(std::initializer_list<at::Tensor> tensors, const char* what,
+                                      Launch&& launch) {
+    for (const auto& t : tensors) {
+      TORCH_CHECK(t.is_cuda() && t.get_device() == device_, "shardtorch NCCL ", what, " on group '",
+                  name_, "': tensors must be on cuda:", device_, ", got ", t.device());
+      TORCH_CHECK(t.is_contiguous(), "shardtorch NCCL ", what, ": tensors must be contiguous");
+    }
+    c10::cuda::CUDAGuard guard(device_);
+    auto current = at::cuda::getCurrentCUDAStream(device_);
+    at::cuda::CUDAEvent ready;
+    ready.record(current);
+    ready.block(stream_);
+    // The caching allocator must not hand these blocks out again before the
+    // communication stream is done with them.
+    for (const auto& t : tensors) {
+      c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream_);
+    }
+    SHARDTORCH_NCCL_CHECK(launch(stream_.stream()),
+                          std::string(what) + " on group '" + name_ + "'");
+    auto done = std::make_shared<at::cuda::CUDAEvent>();
+    done->record(stream_);
+    return std::make_shared<NcclHandle>(std::move(done));
+  }
+
+  std::string name_;
+  int64_t rank_;
+  int64_t size_;
+  c10::DeviceIndex device_;
+  c10::cuda::CUDAStream stream_;
+  NcclCommPtr comm_;
+};
+
+// Plug NCCL in as the communicator for CUDA tensors when the library loads.
+const bool kRegistered = [] {
+  register_communicator_factory(c10::DeviceType::CUDA, [](const GroupInfo& group) {
+    return std::static_pointer_cast<Communicator>(std::make_shared<NcclCommunicator>(group));
+  });
+  return true;
+}();
+
+}  // namespace
+
+std::shared_ptr<Communicator> make_nccl_communicator(const GroupInfo& group) {
+  return std::make_shared<NcclCommunicator>(group);
+}
+
+}  // namespace comm
+}  // namespace shardtorch

@@ -1,0 +1,66 @@
+#pragma once
+// Group names (the `str group` of every op schema) -> communicators.
+//
+// A group is registered once per process with its CPU process group (Gloo,
+// created by Python's torch.distributed or by the C++ init). Communicators for
+// other devices (NCCL for CUDA tensors) are created lazily from it, the first
+// time a tensor of that device meets the group.
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+
+namespace c10d {
+class ProcessGroup;
+}
+
+namespace shardtorch {
+namespace comm {
+
+// What ops need to know of a group: no communication state.
+struct GroupLayout {
+  std::string name;
+  int64_t rank = 0;
+  int64_t size = 1;
+  // Global ranks of the members, in group-rank order.
+  std::vector<int64_t> global_ranks;
+};
+
+// A group's layout and its CPU process group (complete type in
+// <torch/csrc/distributed/c10d/ProcessGroup.hpp>, included only where used).
+struct GroupInfo {
+  GroupLayout layout;
+  c10::intrusive_ptr<c10d::ProcessGroup> process_group;
+};
+
+void register_group(const std::string& name, c10::intrusive_ptr<c10d::ProcessGroup> process_group,
+                    std::vector<int64_t> global_ranks = {});
+// Registers a group that Python's torch.distributed created, found by its
+// c10d group name.
+void register_group_by_c10d_name(const std::string& name, const std::string& c10d_group_name,
+                                 std::vector<int64_t> global_ranks = {});
+void unregister_group(const std::string& name);
+void clear_groups();
+bool has_group(const std::string& name);
+std::vector<std::string> group_names();
+
+// Throw a clear error naming `op` when the group is unknown.
+GroupLayout group_layout(const std::string& name, const char* op);
+GroupInfo group_info(const std::string& name, const char* op);
+std::shared_ptr<Communicator> communicator_for(const std::string& name, const c10::Device& device,
+                                               const char* op);
+
+// Backends for devices other than CPU plug in here (the CUDA part of the
+// library registers NCCL at load time), so the registry stays device-free.
+using CommunicatorFactory = std::function<std::shared_ptr<Communicator>(const GroupInfo&)>;
+void register_communicator_factory(c10::DeviceType device_type, CommunicatorFactory factory);
+
+}  // namespace comm
+}  // namespace shardtorch

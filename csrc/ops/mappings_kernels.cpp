@@ -1,0 +1,97 @@
+// Kernels of the communication mappings. They are device-generic: the
+// communicator for the tensor's device does the moving (Gloo on CPU, NCCL on
+// CUDA), so the same kernel is registered for both.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "comm/registry.h"
+#include "comm/sharded_collectives.h"
+#include "ops/op_checks.h"
+#include "topology/topology.h"
+
+namespace shardtorch {
+namespace ops {
+namespace {
+
+std::vector<int64_t> gathered_sizes(comm::Communicator& communicator, const at::Tensor& input,
+                                    int64_t dim, const std::optional<c10::SymInt>& full_size,
+                                    const char* op) {
+  const int64_t world = communicator.size();
+  const int64_t rank = communicator.rank();
+  if (full_size.has_value()) {
+    const int64_t total = full_size->guard_int(__FILE__, __LINE__);
+    TORCH_CHECK(total >= 0, op, ": full_size must be >= 0, got ", total);
+    auto sizes = topology::shard_sizes(total, world);
+    TORCH_CHECK(sizes[rank] == input.size(dim), op, ": input.size(", dim, ") must be rank ", rank,
+                "'s shard of full_size=", total, " over ", world, " ranks (", sizes[rank],
+                "), got ", input.size(dim));
+    return sizes;
+  }
+  auto sizes = comm::exchange_sizes(communicator, input.size(dim), input.device());
+  int64_t total = 0;
+  for (auto s : sizes) total += s;
+  TORCH_CHECK(sizes == topology::shard_sizes(total, world), op,
+              ": shards along dim ", dim, " must follow the split rule (the first total % ranks "
+              "ranks hold one more), got sizes ", c10::IntArrayRef(sizes));
+  return sizes;
+}
+
+at::Tensor copy_kernel(const at::Tensor& input, const std::string& group) {
+  comm::group_layout(group, "shard::copy");
+  return input.clone(at::MemoryFormat::Contiguous);
+}
+
+at::Tensor reduce_kernel(const at::Tensor& input, const std::string& group) {
+  auto communicator = comm::communicator_for(group, input.device(), "shard::reduce");
+  at::Tensor output = input.clone(at::MemoryFormat::Contiguous);
+  communicator->all_reduce(output);
+  return output;
+}
+
+at::Tensor scatter_kernel(const at::Tensor& input, int64_t dim, const std::string& group) {
+  auto info = comm::group_layout(group, "shard::scatter");
+  const int64_t d = normalize_dim(dim, input.dim(), "shard::scatter");
+  const int64_t total = input.size(d);
+  return input
+      .narrow(d, topology::shard_offset(total, info.size, info.rank),
+              topology::shard_size(total, info.size, info.rank))
+      .clone(at::MemoryFormat::Contiguous);
+}
+
+at::Tensor all_gather_kernel(const at::Tensor& input, int64_t dim, const std::string& group,
+                             std::optional<c10::SymInt> full_size) {
+  auto communicator = comm::communicator_for(group, input.device(), "shard::all_gather");
+  const int64_t d = normalize_dim(dim, input.dim(), "shard::all_gather");
+  auto sizes = gathered_sizes(*communicator, input, d, full_size, "shard::all_gather");
+  return comm::all_gather_along_dim(*communicator, input, d, sizes);
+}
+
+at::Tensor reduce_scatter_kernel(const at::Tensor& input, int64_t dim, const std::string& group) {
+  auto communicator = comm::communicator_for(group, input.device(), "shard::reduce_scatter");
+  const int64_t d = normalize_dim(dim, input.dim(), "shard::reduce_scatter");
+  auto sizes = topology::shard_sizes(input.size(d), communicator->size());
+  return comm::reduce_scatter_along_dim(*communicator, input, d, sizes);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(shard, CPU, m) {
+  m.impl("copy", TORCH_FN(copy_kernel));
+  m.impl("reduce", TORCH_FN(reduce_kernel));
+  m.impl("scatter", TORCH_FN(scatter_kernel));
+  m.impl("gather", TORCH_FN(all_gather_kernel));
+  m.impl("all_gather", TORCH_FN(all_gather_kernel));
+  m.impl("reduce_scatter", TORCH_FN(reduce_scatter_kernel));
+}
+
+TORCH_LIBRARY_IMPL(shard, CUDA, m) {
+  m.impl("copy", TORCH_FN(copy_kernel));
+  m.impl("reduce", TORCH_FN(reduce_kernel));
+  m.impl("scatter", TORCH_FN(scatter_kernel));
+  m.impl("gather", TORCH_FN(all_gather_kernel));
+  m.impl("all_gather", TORCH_FN(all_gather_kernel));
+  m.impl("reduce_scatter", TORCH_FN(reduce_scatter_kernel));
+}
+
+}  // namespace ops
+}  // namespace shardtorch

@@ -1,0 +1,47 @@
+// shardtorch._C: the Python face of the C++ core. Only what Python needs that
+// the ops do not already give (the ops live in torch.ops.shard): group
+// registration and the topology arithmetic, so Python never re-implements it.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "comm/registry.h"
+#include "shardtorch/build_info.h"
+#include "topology/topology.h"
+
+namespace py = pybind11;
+using shardtorch::topology::TensorParallelTopology;
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "shardtorch C++ core";
+
+  m.def("shard_size", &shardtorch::topology::shard_size, py::arg("total"), py::arg("parts"),
+        py::arg("index"));
+  m.def("shard_offset", &shardtorch::topology::shard_offset, py::arg("total"), py::arg("parts"),
+        py::arg("index"));
+  m.def("shard_sizes", &shardtorch::topology::shard_sizes, py::arg("total"), py::arg("parts"));
+
+  py::class_<TensorParallelTopology>(m, "TensorParallelTopology")
+      .def(py::init<int64_t, int64_t, int64_t>(), py::arg("world_size"), py::arg("rank"),
+           py::arg("group_size"))
+      .def_property_readonly("world_size", &TensorParallelTopology::world_size)
+      .def_property_readonly("rank", &TensorParallelTopology::rank)
+      .def_property_readonly("tensor_parallel_size", &TensorParallelTopology::tensor_parallel_size)
+      .def_property_readonly("data_parallel_size", &TensorParallelTopology::data_parallel_size)
+      .def_property_readonly("tensor_parallel_rank", &TensorParallelTopology::tensor_parallel_rank)
+      .def_property_readonly("data_parallel_rank", &TensorParallelTopology::data_parallel_rank)
+      .def("tensor_parallel_groups", &TensorParallelTopology::tensor_parallel_groups)
+      .def("data_parallel_groups", &TensorParallelTopology::data_parallel_groups)
+      .def("tensor_parallel_group_ranks", &TensorParallelTopology::tensor_parallel_group_ranks)
+      .def("data_parallel_group_ranks", &TensorParallelTopology::data_parallel_group_ranks);
+
+  m.def("register_group", &shardtorch::comm::register_group_by_c10d_name, py::arg("name"),
+        py::arg("c10d_group_name"), py::arg("global_ranks") = std::vector<int64_t>{},
+        "Register a group created by torch.distributed under `name` for the shard ops.");
+  m.def("unregister_group", &shardtorch::comm::unregister_group, py::arg("name"));
+  m.def("clear_groups", &shardtorch::comm::clear_groups);
+  m.def("has_group", &shardtorch::comm::has_group, py::arg("name"));
+  m.def("group_names", &shardtorch::comm::group_names);
+
+  m.attr("cuda_built") = py::bool_(shardtorch::kBuiltWithCuda);
+  m.attr("version") = shardtorch::kVersion;
+}

@@ -1,0 +1,89 @@
+"""Builds shardtorch by driving CMake (see CMakeLists.txt).
+
+Environment variables (all optional):
+  SHARDTORCH_BUILD_TYPE   Release (default) | Debug | RelWithDebInfo
+  SHARDTORCH_CUDA         auto (default: when torch has CUDA and nvcc is found) | 1 | 0
+  SHARDTORCH_CUDA_ARCH    CUDA architectures, TORCH_CUDA_ARCH_LIST syntax (default "9.0")
+  SHARDTORCH_JOBS         parallel build jobs (default: number of CPUs)
+  SHARDTORCH_BUILD_DIR    CMake build tree (default build/<python>-<torch>)
+  SHARDTORCH_BUILD_TESTS  1 to also build the C++ tests (tests/cpp)
+
+Torch must be importable at build time: install with
+`pip install --no-build-isolation .` (or `-e .`).
+"""
+import os
+import shutil
+import subprocess
+import sys
+
+from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def _flag(name, default):
+    value = os.environ.get(name, default).strip().lower()
+    return {"1": "ON", "on": "ON", "true": "ON", "yes": "ON", "0": "OFF", "off": "OFF",
+            "false": "OFF", "no": "OFF", "auto": "AUTO"}.get(value, value.upper())
+
+
+class CMakeExtension(Extension):
+    def __init__(self, name):
+        super().__init__(name, sources=[])
+
+
+class CMakeBuild(build_ext):
+    def build_extension(self, ext):
+        import pybind11
+        import torch
+
+        # The package directory that receives _C, lib/, include/ and the CMake
+        # config (in place for editable installs).
+        if self.inplace or getattr(self, "editable_mode", False):
+            package_dir = os.path.join(ROOT, "shardtorch")
+        else:
+            package_dir = os.path.dirname(os.path.abspath(self.get_ext_fullpath(ext.name)))
+        torch_ver = torch.__version__.split("+")[0]
+        py_ver = f"py{sys.version_info.major}{sys.version_info.minor}"
+        build_dir = os.environ.get("SHARDTORCH_BUILD_DIR") or os.path.join(
+            ROOT, "build", f"{py_ver}-torch{torch_ver}")
+        os.makedirs(build_dir, exist_ok=True)
+        site_packages = os.path.dirname(os.path.dirname(torch.__file__))
+        args = [
+            "cmake", "-S", ROOT, "-B", build_dir, "-G", "Ninja",
+            f"-DCMAKE_BUILD_TYPE={os.environ.get('SHARDTORCH_BUILD_TYPE', 'Release')}",
+            f"-DCMAKE_INSTALL_PREFIX={package_dir}",
+            f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path};{pybind11.get_cmake_dir()}",
+            f"-DPython3_EXECUTABLE={sys.executable}",
+            f"-DSHARDTORCH_CUDA={_flag('SHARDTORCH_CUDA', 'auto')}",
+            f"-DSHARDTORCH_CUDA_ARCH={os.environ.get('SHARDTORCH_CUDA_ARCH', '9.0')}",
+            f"-DSHARDTORCH_TORCH_HAS_CUDA={'ON' if torch.version.cuda else 'OFF'}",
+            f"-DSHARDTORCH_NVIDIA_ROOT={os.path.join(site_packages, 'nvidia')}",
+            f"-DSHARDTORCH_BUILD_TESTS={_flag('SHARDTORCH_BUILD_TESTS', '0')}",
+        ]
+        subprocess.check_call(args)
+        jobs = os.environ.get("SHARDTORCH_JOBS") or str(os.cpu_count() or 1)
+        subprocess.check_call(["cmake", "--build", build_dir, "--parallel", jobs])
+        subprocess.check_call(["cmake", "--install", build_dir])
+        # setuptools expects the module where get_ext_fullpath says (it copies it
+        # into the source tree itself for editable installs).
+        expected = os.path.abspath(self.get_ext_fullpath(ext.name))
+        built = os.path.join(package_dir, os.path.basename(expected))
+        if os.path.abspath(built) != expected:
+            os.makedirs(os.path.dirname(expected), exist_ok=True)
+            shutil.copy2(built, expected)
+
+
+setup(
+    name="shardtorch",
+    version="0.1.0",
+    description="Tensor-parallel layers and losses for PyTorch with a C++/CUDA core",
+    packages=find_packages(include=["shardtorch", "shardtorch.*"]),
+    ext_modules=[CMakeExtension("shardtorch._C")],
+    cmdclass={"build_ext": CMakeBuild},
+    python_requires=">=3.10",
+    install_requires=["torch>=2.11"],
+    entry_points={"console_scripts": ["shardtorch-train=shardtorch.train:main"]},
+    zip_safe=False,
+)
