@@ -1,1 +1,19 @@
+"""shardtorch: tensor-parallel layers and losses for PyTorch with a C++/CUDA core.
 
+    import shardtorch as ts
+    ts.distributed.init_process_group(group_size=2)
+    layer = ts.nn.ParallelLinear(512, 1_000_000, dim=1)
+"""
+import os as _os
+
+import torch as _torch
+
+from . import _core
+from . import distributed, nn, utils
+
+__version__ = _core._C.version
+cuda_built = _core.cuda_built
+#: Prefix for CMake's find_package(shardtorch) from C++ programs.
+cmake_prefix_path = _os.path.dirname(_os.path.abspath(__file__))
+
+__all__ = ["distributed", "nn", "utils", "cmake_prefix_path", "cuda_built", "__version__"]

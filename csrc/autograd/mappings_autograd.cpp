@@ -4,6 +4,7 @@
 #include <torch/library.h>
 
 #include "ops/mappings.h"
+#include "ops/op_checks.h"
 
 namespace shardtorch {
 namespace autograd {
@@ -44,7 +45,7 @@ class ScatterFunction : public Function<ScatterFunction> {
                             const std::string& group) {
     ctx->saved_data["group"] = group;
     ctx->saved_data["dim"] = dim;
-    ctx->saved_data["full_size"] = input.sym_size(dim < 0 ? dim + input.dim() : dim);
+    ctx->saved_data["full_size"] = input.sym_size(ops::normalize_dim(dim, input.dim(), "shard::scatter"));
     at::AutoDispatchBelowADInplaceOrView guard;
     return ops::scatter(input, dim, group);
   }
@@ -91,7 +92,8 @@ class ReduceScatterFunction : public Function<ReduceScatterFunction> {
                             const std::string& group) {
     ctx->saved_data["group"] = group;
     ctx->saved_data["dim"] = dim;
-    ctx->saved_data["full_size"] = input.sym_size(dim < 0 ? dim + input.dim() : dim);
+    ctx->saved_data["full_size"] =
+        input.sym_size(ops::normalize_dim(dim, input.dim(), "shard::reduce_scatter"));
     at::AutoDispatchBelowADInplaceOrView guard;
     return ops::reduce_scatter(input, dim, group);
   }

@@ -48,7 +48,7 @@ std::string ProcessGroupCommunicator::backend_name() const { return group_->getB
 
 std::shared_ptr<CommHandle> ProcessGroupCommunicator::all_reduce_async(at::Tensor& tensor) {
   check_contiguous(tensor, "all_reduce tensor");
-  if (size_ == 1) return std::make_shared<CompletedHandle>();
+  if (size_ == 1 || tensor.numel() == 0) return std::make_shared<CompletedHandle>();
   std::vector<at::Tensor> tensors{tensor};
   return std::make_shared<ProcessGroupHandle>(group_->allreduce(tensors), group_name_, "all_reduce");
 }
@@ -59,6 +59,7 @@ std::shared_ptr<CommHandle> ProcessGroupCommunicator::all_gather_async(const at:
   check_contiguous(output, "all_gather output");
   TORCH_CHECK(output.numel() == input.numel() * size_, "all_gather: output must hold ", size_,
               " blocks of ", input.numel(), " elements, got ", output.numel());
+  if (input.numel() == 0) return std::make_shared<CompletedHandle>();
   if (size_ == 1) {
     output.view(input.sizes()).copy_(input);
     return std::make_shared<CompletedHandle>();
@@ -77,6 +78,7 @@ std::shared_ptr<CommHandle> ProcessGroupCommunicator::reduce_scatter_async(const
   check_contiguous(output, "reduce_scatter output");
   TORCH_CHECK(input.numel() == output.numel() * size_, "reduce_scatter: input must hold ", size_,
               " blocks of ", output.numel(), " elements, got ", input.numel());
+  if (output.numel() == 0) return std::make_shared<CompletedHandle>();
   if (size_ == 1) {
     output.copy_(input.view(output.sizes()));
     return std::make_shared<CompletedHandle>();

@@ -6,6 +6,10 @@
 //   dim = 0         row-parallel: weight [out, in_local], bias [out] (whole,
 //                   added once); input sharded on its last dim or whole (the op
 //                   takes this rank's slice); output whole (all-reduce).
+//                   An input whose last dim equals weight.size(1) is read as
+//                   this rank's shard: with fewer input features than ranks a
+//                   whole input is ambiguous there, and callers slice it first
+//                   (shard::scatter), as ParallelLinear does.
 
 #include <ATen/core/Tensor.h>
 

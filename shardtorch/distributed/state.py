@@ -1,0 +1,162 @@
+"""Process groups of shardtorch: the tensor-parallel group of this rank, its
+data-parallel group and the world, registered with the C++ core under the
+names the ops use ("tp", "dp", "world")."""
+import datetime
+import os
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+
+from .. import _C
+
+TENSOR_PARALLEL = "tp"
+DATA_PARALLEL = "dp"
+WORLD = "world"
+
+DEFAULT_TIMEOUT = datetime.timedelta(seconds=int(os.environ.get("SHARDTORCH_TIMEOUT", "300")))
+
+
+@dataclass
+class _State:
+    topology: "_C.TensorParallelTopology"
+    groups: Dict[str, dist.ProcessGroup] = field(default_factory=dict)
+    ranks: Dict[str, List[int]] = field(default_factory=dict)
+    owns_default_group: bool = False
+
+
+_state: Optional[_State] = None
+
+
+def _default_backend() -> str:
+    return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+
+
+def init_process_group(group_size: int = 1, backend: Optional[str] = None,
+                       timeout: Optional[datetime.timedelta] = None) -> None:
+    """Creates the tensor-parallel and data-parallel groups.
+
+    Works when torch.distributed is already initialised; otherwise initialises
+    it from torchrun's environment (``env://``: RANK, WORLD_SIZE, MASTER_ADDR,
+    MASTER_PORT). Tensor-parallel ranks are consecutive: with world 4 and
+    ``group_size=2`` the groups are {0, 1} and {2, 3}, the data-parallel groups
+    {0, 2} and {1, 3}.
+
+    Args:
+        group_size: ranks per tensor-parallel group; must divide the world size.
+        backend: torch.distributed backend when this call initialises it
+            (default "gloo", or "cpu:gloo,cuda:nccl" when CUDA is available).
+            CUDA tensors in shard ops always use NCCL directly.
+        timeout: how long a collective may wait for a peer before failing
+            (default 300 s, or SHARDTORCH_TIMEOUT seconds).
+    """
+    global _state
+    if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1:
+        raise ValueError(f"init_process_group: group_size must be a positive int, got {group_size!r}")
+    if timeout is not None and not isinstance(timeout, datetime.timedelta):
+        raise TypeError(f"init_process_group: timeout must be a datetime.timedelta, got {timeout!r}")
+    timeout = timeout or DEFAULT_TIMEOUT
+    owns = False
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend or _default_backend(), init_method="env://",
+                                timeout=timeout)
+        owns = True
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if world % group_size != 0:
+        if owns:
+            dist.destroy_process_group()
+        raise ValueError(f"init_process_group: group_size must divide the world size {world}, "
+                         f"got {group_size}")
+    if _state is not None:
+        destroy_process_group(keep_torch_distributed=True)
+    topology = _C.TensorParallelTopology(world, rank, group_size)
+    state = _State(topology=topology, owns_default_group=owns or (_state and _state.owns_default_group))
+
+    # Every rank creates every group, in the same order (torch requires it).
+    for ranks in topology.tensor_parallel_groups():
+        group = dist.new_group(ranks, timeout=timeout)
+        if rank in ranks:
+            state.groups[TENSOR_PARALLEL], state.ranks[TENSOR_PARALLEL] = group, list(ranks)
+    for ranks in topology.data_parallel_groups():
+        group = dist.new_group(ranks, timeout=timeout)
+        if rank in ranks:
+            state.groups[DATA_PARALLEL], state.ranks[DATA_PARALLEL] = group, list(ranks)
+    state.groups[WORLD], state.ranks[WORLD] = dist.group.WORLD, list(range(world))
+
+    for name, group in state.groups.items():
+        _C.register_group(name, group.group_name, state.ranks[name])
+    _state = state
+
+
+def destroy_process_group(keep_torch_distributed: bool = False) -> None:
+    """Forgets shardtorch's groups; also tears torch.distributed down when
+    init_process_group brought it up (unless keep_torch_distributed)."""
+    global _state
+    if _state is None:
+        return
+    _C.clear_groups()
+    for name, group in _state.groups.items():
+        if name != WORLD and dist.is_initialized():
+            try:
+                dist.destroy_process_group(group)
+            except Exception:  # noqa: BLE001 - best effort while shutting down
+                pass
+    owns = _state.owns_default_group
+    _state = None
+    if owns and not keep_torch_distributed and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def is_initialized() -> bool:
+    return _state is not None
+
+
+def _require(what: str) -> _State:
+    if _state is None:
+        raise RuntimeError(f"shardtorch.distributed.{what}: shardtorch is not initialised; call "
+                           "shardtorch.distributed.init_process_group(group_size=...) first")
+    return _state
+
+
+def get_rank() -> int:
+    """This process's rank in the world (0 when not distributed)."""
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def get_world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def get_group(name: str = TENSOR_PARALLEL) -> dist.ProcessGroup:
+    """The torch ProcessGroup behind a shardtorch group name (default: this
+    rank's tensor-parallel group)."""
+    state = _require("get_group")
+    if name not in state.groups:
+        raise ValueError(f"get_group: unknown group {name!r}; known: {sorted(state.groups)}")
+    return state.groups[name]
+
+
+def get_group_ranks(name: str = TENSOR_PARALLEL) -> List[int]:
+    get_group(name)
+    return list(_state.ranks[name])
+
+
+def get_group_rank(name: str = TENSOR_PARALLEL) -> int:
+    return dist.get_rank(get_group(name))
+
+
+def get_group_size(name: str = TENSOR_PARALLEL) -> int:
+    return dist.get_world_size(get_group(name))
+
+
+def get_data_parallel_group() -> dist.ProcessGroup:
+    return get_group(DATA_PARALLEL)
+
+
+def get_data_parallel_rank() -> int:
+    return get_group_rank(DATA_PARALLEL)
+
+
+def get_data_parallel_size() -> int:
+    return get_group_size(DATA_PARALLEL)

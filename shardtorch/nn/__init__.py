@@ -1,0 +1,5 @@
+"""Parallel layers (``ts.nn``)."""
+from . import functional
+from .linear import ParallelLinear
+
+__all__ = ["ParallelLinear", "functional"]

@@ -1,0 +1,150 @@
+"""ParallelLinear: torch.nn.Linear with its weight split over a tensor-parallel
+group, TorchShard's API over the op torch.ops.shard.parallel_linear."""
+from typing import Optional
+
+import torch
+from torch import nn
+
+from .. import _C, _core  # noqa: F401  (registers the ops)
+from ..distributed import state
+from ..utils.parallel_dim import is_sharded_on_last_dim, register_parallel_dim
+from .init import init_linear_shard_
+
+_DIMS = (None, 0, 1, -1)
+
+
+class ParallelLinear(nn.Module):
+    """y = x W^T + b with W split over the tensor-parallel group.
+
+    Args:
+        in_features, out_features, bias, device, dtype: as torch.nn.Linear.
+        dim: a dimension of the [in, out] view of the weight, as in TorchShard.
+            None: a plain linear layer. 1 or -1: column-parallel, out_features
+            are split and the output is sharded on its last dim (marked with
+            ``parallel_dim = -1``). 0: row-parallel, in_features are split; the
+            input may be sharded (from a column-parallel layer) or whole (the
+            layer takes its slice); the output is whole; the bias is whole and
+            added once.
+        group: name of the shardtorch group to split over (default "tp").
+
+    Shards need not be even: the first ``n % size`` ranks hold one more. A new
+    layer holds exactly the slice of the weights torch.nn.Linear(in, out) draws
+    under the same torch.manual_seed (see shardtorch.nn.init).
+    """
+
+    __constants__ = ["in_features", "out_features", "dim", "group"]
+    in_features: int
+    out_features: int
+    dim: Optional[int]
+    group: str
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 dim: Optional[int] = None, device=None, dtype=None,
+                 group: str = state.TENSOR_PARALLEL, _initialize: bool = True) -> None:
+        super().__init__()
+        if dim not in _DIMS or isinstance(dim, bool):
+            raise ValueError(f"ParallelLinear: dim must be None, 0, 1 or -1, got {dim!r}")
+        for name, value in (("in_features", in_features), ("out_features", out_features)):
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"ParallelLinear: {name} must be a non-negative int, got {value!r}")
+        self.in_features, self.out_features, self.dim, self.group = in_features, out_features, dim, group
+        rank, size = (0, 1) if dim is None else (state.get_group_rank(group), state.get_group_size(group))
+        self.group_rank, self.group_size = rank, size
+        out_range, in_range = (0, out_features), (0, in_features)
+        if dim in (1, -1):
+            out_range = _shard_range(out_features, size, rank)
+        elif dim == 0:
+            in_range = _shard_range(in_features, size, rank)
+        factory = {"device": device, "dtype": dtype}
+        self.weight = nn.Parameter(torch.empty(out_range[1] - out_range[0], in_range[1] - in_range[0],
+                                               **factory))
+        bias_size = out_range[1] - out_range[0]
+        self.bias = nn.Parameter(torch.empty(bias_size, **factory)) if bias else None
+        # Which dimension of the full parameter each shard was cut along.
+        register_parallel_dim(self.weight, {None: None, 0: 1, 1: 0, -1: 0}[dim])
+        if self.bias is not None:
+            register_parallel_dim(self.bias, 0 if dim in (1, -1) else None)
+        self._out_range, self._in_range = out_range, in_range
+        if _initialize:
+            self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Draws this rank's slice of torch.nn.Linear's initialisation."""
+        if self.weight.device.type == "meta":
+            return
+        if self.weight.device.type == "cpu":
+            init_linear_shard_(self.weight, self.bias, self.in_features, self.out_features,
+                               self._out_range, self._in_range)
+            return
+        weight = torch.empty(self.weight.shape, dtype=self.weight.dtype)
+        bias = None if self.bias is None else torch.empty(self.bias.shape, dtype=self.bias.dtype)
+        init_linear_shard_(weight, bias, self.in_features, self.out_features,
+                           self._out_range, self._in_range)
+        self.weight.copy_(weight)
+        if bias is not None:
+            self.bias.copy_(bias)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if not torch.jit.is_scripting():
+            self._check_marked_input(input)
+        if self.dim == 0 and self.group_size > 1 and input.shape[-1] == self.in_features \
+                and input.shape[-1] == self.weight.shape[1]:
+            # A whole input that the op would read as this rank's shard (only
+            # when in_features < group size): slice it explicitly so that every
+            # rank runs the same collectives.
+            input = torch.ops.shard.scatter(input, -1, self.group)
+        output = torch.ops.shard.parallel_linear(input, self.weight, self.bias, self.dim, self.group)
+        if not torch.jit.is_scripting():
+            if self.dim == 1 or self.dim == -1:
+                register_parallel_dim(output, -1)
+        return output
+
+    @torch.jit.unused
+    def _check_marked_input(self, input: torch.Tensor) -> None:
+        if self.dim == 0 and is_sharded_on_last_dim(input) and input.shape[-1] != self.weight.shape[1]:
+            raise ValueError(
+                f"ParallelLinear(dim=0): input is marked as sharded on its last dim but has "
+                f"{input.shape[-1]} features where this rank's shard of in_features="
+                f"{self.in_features} is {self.weight.shape[1]}")
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, dim={self.dim}, group={self.group!r}, "
+                f"shard={tuple(self.weight.shape)}")
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, dim: Optional[int],
+                    group: str = state.TENSOR_PARALLEL) -> "ParallelLinear":
+        """A ParallelLinear holding this rank's slice of ``linear``'s weights."""
+        layer = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, dim=dim,
+                    device=linear.weight.device, dtype=linear.weight.dtype, group=group,
+                    _initialize=False)
+        with torch.no_grad():
+            (o0, o1), (i0, i1) = layer._out_range, layer._in_range
+            layer.weight.copy_(linear.weight[o0:o1, i0:i1])
+            if linear.bias is not None:
+                layer.bias.copy_(linear.bias if dim == 0 else linear.bias[o0:o1])
+        layer.weight.requires_grad_(linear.weight.requires_grad)
+        if layer.bias is not None:
+            layer.bias.requires_grad_(linear.bias.requires_grad)
+        layer.train(linear.training)
+        return layer
+
+    @classmethod
+    def convert_parallel_linear(cls, module: nn.Module, dim: Optional[int],
+                                group: str = state.TENSOR_PARALLEL) -> nn.Module:
+        """Replaces every torch.nn.Linear in ``module`` (nested ones too, and
+        ``module`` itself) by a ParallelLinear keeping its trained weights."""
+        if isinstance(module, nn.Linear):
+            return cls.from_linear(module, dim, group)
+        for name, child in module.named_children():
+            if isinstance(child, ParallelLinear):
+                continue
+            setattr(module, name, cls.convert_parallel_linear(child, dim, group))
+        return module
+
+
+def _shard_range(total: int, size: int, rank: int):
+    offset = _C.shard_offset(total, size, rank)
+    return offset, offset + _C.shard_size(total, size, rank)
