@@ -1,17 +1,29 @@
 """The communication mappings of tensor parallelism, differentiable, over the
-ops torch.ops.shard.* (see csrc/ops/mappings.h). Each backward is the adjoint
-of its forward:
+ops torch.ops.shard.* (see csrc/ops/mappings.h).
 
-=================  ==============================  ============================
-function           forward                         backward
-=================  ==============================  ============================
-copy               identity                        all-reduce (sum)
-reduce             all-reduce (sum)                identity
-scatter            keep this rank's slice          all-gather
-gather             all-gather                      keep this rank's slice
-all_gather         all-gather                      reduce-scatter (sum)
-reduce_scatter     reduce-scatter (sum)            all-gather
-=================  ==============================  ============================
+=================  ======================  ==========================  ==================
+function           forward                 backward                    op
+=================  ======================  ==========================  ==================
+copy               identity                all-reduce (sum)            shard::copy
+reduce             all-reduce (sum)        identity                    shard::reduce
+scatter            keep this rank's slice  all-gather                  shard::scatter
+gather             all-gather              reduce-scatter (sum)        shard::all_gather
+all_gather         all-gather              reduce-scatter (sum)        shard::all_gather
+gather_replicated  all-gather              keep this rank's slice      shard::gather
+reduce_scatter     reduce-scatter (sum)    all-gather                  shard::reduce_scatter
+=================  ======================  ==========================  ==================
+
+Every backward is the adjoint of its forward, which is what keeps TorchShard's
+recipe exact: ``ts.distributed.gather(x, dim=0)`` of each rank's batch before a
+sharded head, under DDP over all ranks, gives the backbone exactly the
+gradient of unsharded training (TorchShard's gather kept only the local slice
+of the gradient, leaving the backbone 1/W of the truth).
+
+``gather_replicated`` is Megatron's gather: use it when every rank of the group
+computes the same thing from the gathered tensor and the result counts once
+per group (e.g. gathering a column-parallel output in a 2-D layout whose DDP
+runs over the data-parallel group); its backward keeps the local slice of a
+gradient that is the same on every rank.
 
 Slices follow the split rule (the first ``n % size`` ranks hold one more), so
 uneven sizes work everywhere. ``full_size`` tells the gathers the total length
@@ -39,6 +51,15 @@ def scatter(input: torch.Tensor, dim: int = -1, group: str = TENSOR_PARALLEL) ->
 
 def gather(input: torch.Tensor, dim: int = -1, group: str = TENSOR_PARALLEL,
            full_size: Optional[int] = None) -> torch.Tensor:
+    """All-gather along ``dim``; backward sums the group's gradients and keeps
+    this rank's slice (the adjoint)."""
+    return torch.ops.shard.all_gather(input, dim, group, full_size)
+
+
+def gather_replicated(input: torch.Tensor, dim: int = -1, group: str = TENSOR_PARALLEL,
+                      full_size: Optional[int] = None) -> torch.Tensor:
+    """All-gather along ``dim``; backward keeps this rank's slice of the
+    gradient (for downstream computation replicated over the group)."""
     return torch.ops.shard.gather(input, dim, group, full_size)
 
 

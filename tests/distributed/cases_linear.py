@@ -45,7 +45,7 @@ def _check_layer(in_f, out_f, bias, dim, dtype, batch_shape, whole_input=True):
     y = layer(layer_input)
     if dim in (1, -1):
         assert ts.utils.get_parallel_dim(y) == -1, "column output not marked"
-        y_whole = ts.distributed.gather(y, -1, full_size=out_f)
+        y_whole = ts.distributed.gather_replicated(y, -1, full_size=out_f)
     else:
         y_whole = y
     what = f"in={in_f} out={out_f} bias={bias} dim={dim} {dtype} batch={batch_shape} whole={whole_input}"
@@ -182,17 +182,19 @@ def case_mappings_forward_and_adjoint():
     for total in (4 * size, 4 * size + 3):
         full = torch.randn(3, total, 2, dtype=torch.float64)
         mine = shard_of(full, 1).clone().requires_grad_()
-        # gather: all-gather forward, keep the slice backward.
-        g = ts.distributed.gather(mine, 1)
+        # gather_replicated: all-gather forward, keep the slice backward.
+        g = ts.distributed.gather_replicated(mine, 1)
         assert torch.equal(g, full)
         (g * 2).sum().backward()
         assert torch.equal(mine.grad, torch.full_like(mine, 2.0))
         mine.grad = None
-        # all_gather: backward sums the group's gradients (reduce-scatter).
-        g = ts.distributed.all_gather(mine, 1, full_size=total)
-        assert torch.equal(g, full)
-        g.sum().backward()
-        assert torch.equal(mine.grad, torch.full_like(mine, float(size)))
+        # gather / all_gather: backward sums the group's gradients (reduce-scatter).
+        for gather in (ts.distributed.gather, ts.distributed.all_gather):
+            mine.grad = None
+            g = gather(mine, 1, full_size=total)
+            assert torch.equal(g, full)
+            g.sum().backward()
+            assert torch.equal(mine.grad, torch.full_like(mine, float(size)))
         # scatter: slice forward, all-gather backward.
         whole = full.clone().requires_grad_()
         s = ts.distributed.scatter(whole, 1)
