@@ -7,6 +7,7 @@
 #include "comm/registry.h"
 #include "shardtorch/build_info.h"
 #include "topology/topology.h"
+#include "utils/cpu_memory_tracker.h"
 
 namespace py = pybind11;
 using shardtorch::topology::TensorParallelTopology;
@@ -41,6 +42,14 @@ PYBIND11_MODULE(_C, m) {
   m.def("clear_groups", &shardtorch::comm::clear_groups);
   m.def("has_group", &shardtorch::comm::has_group, py::arg("name"));
   m.def("group_names", &shardtorch::comm::group_names);
+
+  m.def("install_cpu_memory_tracker", &shardtorch::utils::install_cpu_memory_tracker);
+  m.def("cpu_memory_tracker_installed", &shardtorch::utils::cpu_memory_tracker_installed);
+  m.def("cpu_memory_stats", [] {
+    auto stats = shardtorch::utils::cpu_memory_stats();
+    return py::make_tuple(stats.current_bytes, stats.peak_bytes);
+  });
+  m.def("reset_cpu_peak_memory", &shardtorch::utils::reset_cpu_peak_memory);
 
   m.attr("cuda_built") = py::bool_(shardtorch::kBuiltWithCuda);
   m.attr("version") = shardtorch::kVersion;

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Builds shardtorch on a GPU machine and runs the GPU tests and benchmarks in a
+# few minutes. Made for the device tool's H200 machine (torch 2.11 + CUDA 13,
+# nvcc, cmake, ninja, pybind11, pytest, no network): it builds in place with
+# the machine's own torch (an extension built elsewhere will not load there).
+#   OUT          folder for logs (the device tool sets it; default build/gpu-out)
+#   SHARDTORCH_CUDA_ARCH  default 9.0 (Hopper)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT="${OUT:-build/gpu-out}"
+mkdir -p "$OUT"
+PY="${PYTHON:-python3}"
+export PYTHONUNBUFFERED=1 SHARDTORCH_CUDA=1 SHARDTORCH_CUDA_ARCH="${SHARDTORCH_CUDA_ARCH:-9.0}"
+export SHARDTORCH_JOBS="${SHARDTORCH_JOBS:-$(nproc)}" SHARDTORCH_BUILD_DIR=build/gpu
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+$PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/gpu.txt"
+
+start=$(date +%s)
+$PY setup.py -q build_ext --inplace 2>&1 | tail -20 | tee "$OUT/build.log"
+echo "build: $(( $(date +%s) - start )) s" | tee -a "$OUT/build.log"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+status=0
+$PY -m pytest tests/gpu -q -x 2>&1 | tee "$OUT/gpu-tests.log" || status=1
+# Benchmarks: one rank per GPU; on a single GPU the parallel path runs on one
+# rank (no communication), which still compares kernels and memory.
+$PY benchmarks/parallel_linear.py --device cuda --world-size 1 --batch 8192 --in-features 4096 \
+  --out-features 16384 --repeats 20 2>&1 | tee "$OUT/bench-linear.log" || status=1
+for bench in benchmarks/cross_entropy.py; do
+  [ -f "$bench" ] && { $PY "$bench" --device cuda 2>&1 | tee "$OUT/$(basename "$bench" .py).log" || status=1; }
+done
+exit $status
