@@ -8,6 +8,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "comm/debug_communicator.h"
 #include "comm/process_group_communicator.h"
 
 namespace shardtorch {
@@ -142,6 +143,7 @@ std::shared_ptr<Communicator> communicator_for(const std::string& name, const c1
   } else {
     created = std::make_shared<ProcessGroupCommunicator>(info.layout.name, info.process_group);
   }
+  if (debug_mode_enabled()) created = make_debug_communicator(std::move(created), info);
   Entry& again = find_entry(r, name, op);
   auto inserted = again.communicators.emplace(type, created);
   return inserted.first->second;

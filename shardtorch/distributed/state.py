@@ -108,6 +108,20 @@ def destroy_process_group(keep_torch_distributed: bool = False) -> None:
         dist.destroy_process_group()
 
 
+def register_group(name: str, group: dist.ProcessGroup, ranks: Optional[List[int]] = None) -> None:
+    """Makes a torch.distributed group usable by shardtorch under ``name``
+    (layers and ops take ``group=name``). ``ranks``: its global ranks in group
+    order (default: asked from torch.distributed)."""
+    state = _require("register_group")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"register_group: name must be a non-empty str, got {name!r}")
+    if name in (TENSOR_PARALLEL, DATA_PARALLEL, WORLD):
+        raise ValueError(f"register_group: {name!r} is reserved for shardtorch's own groups")
+    ranks = list(ranks) if ranks is not None else dist.get_process_group_ranks(group)
+    _C.register_group(name, group.group_name, ranks)
+    state.groups[name], state.ranks[name] = group, ranks
+
+
 def is_initialized() -> bool:
     return _state is not None
 

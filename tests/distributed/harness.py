@@ -79,6 +79,33 @@ def launch(module: str, world_size: int, group_size: Optional[int] = None,
         return results
 
 
+def run_script(script: str, world_size: int, args=(), env: Optional[dict] = None,
+               timeout: float = 300) -> list:
+    """Runs a standalone script on ``world_size`` ranks (torchrun's variables)
+    and returns [(returncode, output)] per rank, for tests where ranks are meant
+    to die or disagree and the case-runner's barriers cannot be used."""
+    port = free_port()
+    procs = []
+    for rank in range(world_size):
+        rank_env = dict(os.environ)
+        rank_env.update(env or {})
+        rank_env.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
+                         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
+                         "PYTHONPATH": REPO + os.pathsep + rank_env.get("PYTHONPATH", "")})
+        procs.append(subprocess.Popen([sys.executable, script, *map(str, args)], env=rank_env, cwd=REPO,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    results = []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise RuntimeError(f"{script} on {world_size} ranks did not finish within {timeout}s")
+        results.append((p.returncode, out))
+    return results
+
+
 class LaunchCache:
     """Launches each (module, world, group) once per pytest session."""
 

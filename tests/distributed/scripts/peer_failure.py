@@ -1,0 +1,33 @@
+"""A rank that dies (mode "die") or stalls (mode "stall") while its peers run a
+parallel op: the peers must fail with an error naming the group and the
+collective within the timeout given to init_process_group, not hang.
+Prints one JSON line per surviving rank: {"seconds": ..., "error": ...}."""
+import datetime
+import json
+import os
+import sys
+import time
+
+import torch
+
+import shardtorch as ts
+
+mode, timeout_s = sys.argv[1], float(sys.argv[2])
+ts.distributed.init_process_group(group_size=int(os.environ["WORLD_SIZE"]),
+                                  timeout=datetime.timedelta(seconds=timeout_s))
+rank = ts.distributed.get_rank()
+layer = ts.nn.ParallelLinear(8, 4, dim=0)
+layer(torch.randn(2, 8))  # every rank healthy once
+if rank == 1:
+    if mode == "die":
+        os._exit(3)
+    time.sleep(timeout_s * 4)
+    os._exit(0)
+start = time.monotonic()
+try:
+    layer(torch.randn(2, 8))
+    error = None
+except RuntimeError as e:
+    error = str(e)
+print(json.dumps({"seconds": time.monotonic() - start, "error": error}), flush=True)
+os._exit(0)

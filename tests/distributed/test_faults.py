@@ -1,0 +1,38 @@
+"""Failures are loud and early: a dead or stalled peer gives an error naming
+the group and the collective within the timeout; SHARDTORCH_DEBUG names the rank
+whose collective disagrees."""
+import json
+import os
+
+import pytest
+
+from tests.distributed.harness import REPO, run_script
+
+SCRIPTS = os.path.join(REPO, "tests", "distributed", "scripts")
+
+
+def _json_lines(output):
+    return [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+
+
+@pytest.mark.parametrize("mode", ["die", "stall"])
+def test_peer_failure_becomes_an_error_within_the_timeout(mode):
+    timeout = 6.0
+    results = run_script(os.path.join(SCRIPTS, "peer_failure.py"), 2, [mode, timeout], timeout=120)
+    (survivor,) = _json_lines(results[0][1]) or [None]
+    assert survivor is not None, results[0][1][-3000:]
+    assert survivor["error"] is not None, "the surviving rank's op did not fail"
+    assert "group 'tp'" in survivor["error"] and "all_reduce" in survivor["error"], survivor["error"]
+    # Detected within the timeout (plus slack for a loaded machine), not a hang.
+    assert survivor["seconds"] < timeout + 10, survivor
+    print(f"peer {mode}: error after {survivor['seconds']:.2f} s (timeout {timeout} s)")
+
+
+def test_debug_mode_names_the_rank_that_disagrees():
+    results = run_script(os.path.join(SCRIPTS, "debug_mismatch.py"), 2, env={"SHARDTORCH_DEBUG": "1"})
+    lines = [line for _, out in results for line in _json_lines(out)]
+    assert len(lines) == 2, [out[-2000:] for _, out in results]
+    for line in lines:
+        assert line["sum_ok"] == 12.0
+        assert line["error"] and "SHARDTORCH_DEBUG" in line["error"], line
+        assert "global rank 1 calls all_reduce of Float [2, 4]" in line["error"], line["error"]
