@@ -1,0 +1,360 @@
+"""Train an image classifier whose head has many classes, sharded with shardtorch.
+
+Runs on 2 CPU processes by default and scales with flags:
+
+    torchrun --nproc-per-node 2 examples/python/train_classifier.py              # CPU, Gloo
+    torchrun --nproc-per-node 8 examples/python/train_classifier.py --device cuda --classes 1000000
+    torchrun --nnodes 2 --node-rank R --rdzv-backend c10d --rdzv-endpoint HOST:29400 \\
+             --nproc-per-node 8 examples/python/train_classifier.py --device cuda
+
+It follows TorchShard's recipe: a backbone (torchvision's ResNet-18 when
+installed and asked for, a small CNN otherwise) replicated under DDP, the
+features and targets gathered over the tensor-parallel group
+(``ts.distributed.gather(x, dim=0)``), a column-parallel classifier
+(``ts.nn.ParallelLinear(..., dim=1)``) and the parallel cross-entropy loss.
+``--layout 2d`` runs M-way data parallel x N-way tensor parallel instead.
+
+Data: synthetic but learnable by default (each class is a fixed random pattern
+plus noise, so accuracy visibly rises); ``--data PATH`` trains on an ImageFolder.
+At the end each rank prints its parameter and peak memory against the unsharded
+equivalent (plain DDP), measured.
+"""
+import argparse
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+import shardtorch as ts
+from shardtorch.utils.memory import PeakMemory
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cpu: Gloo; cuda: one GPU per process, NCCL (default: cpu)")
+    p.add_argument("--classes", type=int, default=100_000, help="number of classes (default: 100000)")
+    p.add_argument("--group-size", type=int, default=None,
+                   help="ranks per tensor-parallel group (default: all ranks)")
+    p.add_argument("--layout", choices=["hybrid", "2d"], default="hybrid",
+                   help="hybrid: DDP over all ranks + gather before the sharded head (TorchShard's recipe); "
+                        "2d: data-parallel groups x tensor-parallel groups (default: hybrid)")
+    p.add_argument("--backbone", choices=["cnn", "resnet18"], default="cnn",
+                   help="small built-in CNN, or torchvision's ResNet-18 (needs torchvision) (default: cnn)")
+    p.add_argument("--features", type=int, default=256, help="feature size fed to the classifier (default: 256)")
+    p.add_argument("--image-size", type=int, default=16, help="synthetic image side in pixels (default: 16)")
+    p.add_argument("--batch-size", type=int, default=32, help="samples per rank per step (default: 32)")
+    p.add_argument("--steps", type=int, default=60, help="training steps (default: 60)")
+    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default: 0.05)")
+    p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default: 0.9)")
+    p.add_argument("--active-classes", type=int, default=64,
+                   help="synthetic data: how many of the classes appear in the data (default: 64)")
+    p.add_argument("--data", default=None, help="train on an ImageFolder at PATH instead of synthetic data")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    p.add_argument("--amp", action="store_true",
+                   help="mixed precision: bfloat16 autocast on CPU, float16 autocast + GradScaler on CUDA")
+    p.add_argument("--zero", action="store_true",
+                   help="ZeroRedundancyOptimizer: shard optimizer state over the data-parallel group")
+    p.add_argument("--fused-loss", action="store_true",
+                   help="compute classifier + loss chunk by chunk without materialising the logits")
+    p.add_argument("--save", default=None, help="directory to save a checkpoint to at the end (and every --save-every)")
+    p.add_argument("--save-every", type=int, default=0, help="also save every N steps (default: only at the end)")
+    p.add_argument("--resume", default=None, help="directory of a checkpoint to resume from")
+    p.add_argument("--no-compare", action="store_true",
+                   help="skip measuring the unsharded equivalent at the end")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (one line per step on rank 0)")
+    p.add_argument("--log-json", default=None, help="rank 0 writes the per-step losses to this JSON file")
+    return p.parse_args(argv)
+
+
+# ----------------------------------------------------------------------------- data
+class SyntheticPatterns:
+    """Each active class c is a fixed random low-resolution pattern (seeded by c)
+    upscaled to the image size; a sample is its class's pattern plus noise. The
+    batch of a step is a pure function of (seed, step, data-parallel rank), so a
+    resumed run sees exactly the data an uninterrupted one would."""
+
+    def __init__(self, num_classes, active, image_size, seed):
+        stride = max(1, num_classes // active)
+        self.class_ids = torch.arange(active) * stride % num_classes
+        g = torch.Generator().manual_seed(seed + 12345)
+        low = torch.randn(active, 3, 4, 4, generator=g)
+        self.patterns = F.interpolate(low, size=(image_size, image_size), mode="bilinear", align_corners=False)
+        self.seed = seed
+
+    def batch(self, step, replica, batch_size):
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + step * 1009 + replica)
+        which = torch.randint(len(self.class_ids), (batch_size,), generator=g)
+        images = self.patterns[which] + 0.5 * torch.randn(self.patterns[which].shape, generator=g)
+        return images, self.class_ids[which]
+
+
+class ImageFolderBatches:
+    def __init__(self, path, image_size, batch_size, sampler_factory, seed):
+        import torchvision
+        from torchvision import transforms
+        tf = transforms.Compose([transforms.Resize(image_size), transforms.CenterCrop(image_size),
+                                 transforms.ToTensor()])
+        self.dataset = torchvision.datasets.ImageFolder(path, transform=tf)
+        self.sampler = sampler_factory(self.dataset)
+        self.loader = torch.utils.data.DataLoader(self.dataset, batch_size=batch_size, sampler=self.sampler,
+                                                  drop_last=True, num_workers=0)
+        self.num_classes = len(self.dataset.classes)
+        self._epoch, self._iter, self._pos = -1, None, 0
+
+    def batch(self, step, replica, batch_size):
+        per_epoch = len(self.loader)
+        epoch, index = divmod(step, per_epoch)
+        if epoch != self._epoch or index < self._pos:
+            self.sampler.set_epoch(epoch)
+            self._epoch, self._iter, self._pos = epoch, iter(self.loader), 0
+        while self._pos <= index:  # skipping batches replays a resumed run's order
+            images, labels = next(self._iter)
+            self._pos += 1
+        return images, labels
+
+
+# ----------------------------------------------------------------------------- model
+class SmallCNN(nn.Module):
+    def __init__(self, features):
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
+            nn.Conv2d(32, 64, 3, padding=1, stride=2), nn.BatchNorm2d(64), nn.ReLU(),
+            nn.Conv2d(64, 128, 3, padding=1, stride=2), nn.BatchNorm2d(128), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, features))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def make_backbone(kind, features):
+    if kind == "resnet18":
+        import torchvision
+        net = torchvision.models.resnet18(num_classes=features)
+        return net
+    return SmallCNN(features)
+
+
+# ----------------------------------------------------------------------------- checkpoints
+def save_checkpoint(directory, step, model_parts, optimizer, scaler):
+    """Model: one portable file (collected full tensors, loadable at any size).
+    Optimizer, scaler and step: one file per rank (its own shards' state)."""
+    rank = ts.distributed.get_rank()
+    os.makedirs(directory, exist_ok=True)
+    for name, module in model_parts.items():
+        full = ts.collect_state_dict(module, module.state_dict(), dst=0)
+        if rank == 0:
+            _atomic_save(full, os.path.join(directory, f"{name}.pt"))
+    state = {"step": step, "optimizer": _optimizer_state(optimizer),
+             "scaler": scaler.state_dict() if scaler is not None else None,
+             "world_size": ts.distributed.get_world_size()}
+    _atomic_save(state, os.path.join(directory, f"rank{rank}.pt"))
+    dist.barrier()
+
+
+def _optimizer_state(optimizer):
+    if hasattr(optimizer, "consolidate_state_dict"):  # ZeroRedundancyOptimizer keeps its own shard
+        return {"zero_local": optimizer.optim.state_dict()}
+    return optimizer.state_dict()
+
+
+def _atomic_save(obj, path):
+    tmp = f"{path}.tmp{os.getpid()}"
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(directory, model_parts, optimizer, scaler):
+    rank = ts.distributed.get_rank()
+    for name, module in model_parts.items():
+        full = torch.load(os.path.join(directory, f"{name}.pt"), weights_only=True) if rank == 0 else None
+        module.load_state_dict(ts.relocate_state_dict(module, full, src=0))
+    state = torch.load(os.path.join(directory, f"rank{rank}.pt"), weights_only=False)
+    if state["world_size"] != ts.distributed.get_world_size():
+        raise SystemExit(f"--resume: optimizer state was saved by {state['world_size']} ranks, this run has "
+                         f"{ts.distributed.get_world_size()}; the model alone loads at any size "
+                         f"(ts.relocate_state_dict), the optimizer state does not")
+    if "zero_local" in state["optimizer"]:
+        optimizer.optim.load_state_dict(state["optimizer"]["zero_local"])
+    else:
+        optimizer.load_state_dict(state["optimizer"])
+    if scaler is not None and state["scaler"] is not None:
+        scaler.load_state_dict(state["scaler"])
+    return state["step"]
+
+
+# ----------------------------------------------------------------------------- training
+def human_bytes(n):
+    return f"{n / 2**20:8.1f} MiB"
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if "RANK" not in os.environ:
+        sys.exit("launch with torchrun, e.g.: torchrun --nproc-per-node 2 examples/python/train_classifier.py")
+    if args.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    world = int(os.environ["WORLD_SIZE"])
+    ts.distributed.init_process_group(group_size=args.group_size or world)
+    rank = ts.distributed.get_rank()
+    device = torch.device(args.device, torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
+    torch.manual_seed(args.seed)
+    if device.type == "cpu":
+        ts.utils.memory.track_cpu_memory()
+
+    # Data: in the hybrid layout every rank reads different samples; in the
+    # 2-D layout the ranks of a tensor-parallel group read the same ones.
+    replica, replicas = ((rank, world) if args.layout == "hybrid"
+                         else (ts.distributed.get_data_parallel_rank(), ts.distributed.get_data_parallel_size()))
+    if args.data:
+        def sampler_factory(dataset):
+            if args.layout == "hybrid":
+                return torch.utils.data.DistributedSampler(dataset, seed=args.seed, drop_last=True)
+            return ts.utils.data.DistributedGroupSampler(dataset, seed=args.seed, drop_last=True)
+        data = ImageFolderBatches(args.data, args.image_size, args.batch_size, sampler_factory, args.seed)
+        num_classes = data.num_classes
+    else:
+        data = SyntheticPatterns(args.classes, args.active_classes, args.image_size, args.seed)
+        num_classes = args.classes
+
+    backbone = make_backbone(args.backbone, args.features).to(device)
+    head = ts.nn.ParallelLinear(args.features, num_classes, dim=1, device=device)
+    model_parts = {"backbone": backbone, "head": head}
+    if args.layout == "hybrid":
+        ddp_backbone = nn.parallel.DistributedDataParallel(backbone)
+        head_module = ts.nn.parallel.DistributedDataParallel(head, layout="hybrid")
+    else:
+        ddp_backbone = ts.nn.parallel.DistributedDataParallel(backbone, layout="2d")
+        head_module = ts.nn.parallel.DistributedDataParallel(head, layout="2d")
+    params = list(backbone.parameters()) + list(head.parameters())
+    if args.zero:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        optimizer = ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.SGD,
+                                            process_group=ts.distributed.get_data_parallel_group(),
+                                            lr=args.lr, momentum=args.momentum)
+    else:
+        optimizer = torch.optim.SGD(params, lr=args.lr, momentum=args.momentum)
+    amp_dtype = torch.bfloat16 if device.type == "cpu" else torch.float16
+    scaler = torch.amp.GradScaler("cuda") if args.amp and device.type == "cuda" else None
+    criterion = ts.nn.ParallelCrossEntropyLoss(parallel=True)
+
+    start_step = load_checkpoint(args.resume, model_parts, optimizer, scaler) if args.resume else 0
+
+    def train_step(step):
+        images, labels = data.batch(step, replica, args.batch_size)
+        images, labels = images.to(device), labels.to(device)
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=amp_dtype, enabled=args.amp):
+            features = ddp_backbone(images)
+            if args.layout == "hybrid":  # TorchShard's recipe: gather the batch before the sharded head
+                features = ts.distributed.gather(features, dim=0)
+                labels = ts.distributed.gather(labels, dim=0)
+            if args.fused_loss:
+                loss = ts.nn.functional.parallel_linear_cross_entropy(features, head.weight, head.bias, labels)
+                logits = None
+            else:
+                logits = head_module(features)
+                loss = criterion(logits, labels)
+        (scaler.scale(loss) if scaler else loss).backward()
+        if scaler:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        with torch.no_grad():
+            if logits is None:
+                logits = head(features.detach())
+            correct = parallel_top1_correct(logits.float(), labels, head._out_range[0])
+        return loss.item(), correct, labels.numel()
+
+    progress = None
+    if rank == 0 and not args.no_progress:
+        from tqdm import tqdm
+        progress = tqdm(total=args.steps, initial=start_step, unit="step", dynamic_ncols=True)
+    losses, seen, t0 = {}, 0, time.perf_counter()
+    peak = PeakMemory(device)
+    with peak:
+        for step in range(start_step, args.steps):
+            loss, correct, count = train_step(step)
+            losses[step] = loss
+            seen += args.batch_size * (world if args.layout == "hybrid" else replicas)
+            rate = seen / (time.perf_counter() - t0)
+            if progress:
+                progress.set_postfix(loss=f"{loss:.3f}", acc=f"{correct / count:.2f}", samples_s=f"{rate:.0f}")
+                progress.update(1)
+            elif rank == 0:
+                print(f"step {step + 1}/{args.steps} loss {loss:.4f} acc {correct / count:.3f} "
+                      f"samples/s {rate:.0f}", flush=True)
+            if args.save and args.save_every and (step + 1) % args.save_every == 0:
+                save_checkpoint(args.save, step + 1, model_parts, optimizer, scaler)
+    if progress:
+        progress.close()
+    if args.save:
+        save_checkpoint(args.save, args.steps, model_parts, optimizer, scaler)
+    if rank == 0 and args.log_json:
+        import json
+        with open(args.log_json, "w") as f:
+            json.dump({str(k): v for k, v in losses.items()}, f)
+    summary(args, device, backbone, head, num_classes, peak.peak_bytes)
+    ts.distributed.destroy_process_group()
+
+
+@torch.no_grad()
+def parallel_top1_correct(logits, labels, class_offset):
+    """Top-1 hits over sharded logits without gathering them: each rank's best
+    local class and score, then the best over the group."""
+    best_score, best_local = logits.max(dim=-1)
+    pairs = torch.stack([best_score.double(), (best_local + class_offset).double()], dim=-1)
+    pairs = ts.distributed.gather_replicated(pairs.unsqueeze(1), 1)  # [batch, group, 2]
+    winner = pairs[..., 1].gather(1, pairs[..., 0].argmax(1, keepdim=True)).squeeze(1).long()
+    return (winner == labels).sum().item()
+
+
+def summary(args, device, backbone, head, num_classes, peak_bytes):
+    """Per-rank parameter and peak memory against the unsharded equivalent
+    (the same backbone and a whole classifier, as plain DDP holds on every rank)."""
+    local_params = sum(p.numel() * p.element_size() for p in list(backbone.parameters()) + list(head.parameters()))
+    backbone_bytes = sum(p.numel() * p.element_size() for p in backbone.parameters())
+    full_head = (args.features + 1) * num_classes * 4
+    unsharded_params = backbone_bytes + full_head
+    unsharded_peak = None
+    if not args.no_compare:
+        unsharded_peak = measure_unsharded_step(args, device, backbone, num_classes)
+    rank = ts.distributed.get_rank()
+    line = (f"[rank {rank}] parameters {human_bytes(local_params)} (unsharded {human_bytes(unsharded_params)}, "
+            f"{unsharded_params / local_params:.2f}x); peak training memory {human_bytes(peak_bytes)}")
+    if unsharded_peak is not None:
+        line += f" (unsharded {human_bytes(unsharded_peak)}, {unsharded_peak / max(peak_bytes, 1):.2f}x)"
+    for r in range(ts.distributed.get_world_size()):
+        if r == rank:
+            print(line, flush=True)
+        dist.barrier()
+
+
+def measure_unsharded_step(args, device, backbone, num_classes):
+    """Peak memory of one training step of the plain model on this rank's batch
+    (what each rank of plain DDP would need), measured the same way."""
+    import copy
+    torch.manual_seed(args.seed)
+    model = nn.Sequential(copy.deepcopy(backbone), nn.Linear(args.features, num_classes, device=device))
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    images = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device=device)
+    labels = torch.randint(num_classes, (args.batch_size,), device=device)
+    with PeakMemory(device) as peak:  # two steps: the second holds momentum buffers, as in training
+        for _ in range(2):
+            optimizer.zero_grad(set_to_none=True)
+            with torch.autocast(device.type, dtype=torch.bfloat16 if device.type == "cpu" else torch.float16,
+                                enabled=args.amp):
+                loss = F.cross_entropy(model(images), labels)
+            loss.backward()
+            optimizer.step()
+    return peak.peak_bytes
+
+
+if __name__ == "__main__":
+    main()
