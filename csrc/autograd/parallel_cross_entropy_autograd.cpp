@@ -5,6 +5,7 @@
 // shard::_parallel_linear_cross_entropy_backward (chunks recomputed).
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
+#include <torch/csrc/autograd/graph_task.h>
 #include <torch/library.h>
 
 #include "ops/parallel_cross_entropy.h"
@@ -47,10 +48,11 @@ class ParallelCrossEntropyFunction : public Function<ParallelCrossEntropyFunctio
     variable_list result(9);
     if (!grads[0].defined() || !ctx->needs_input_grad(0)) return result;
     auto saved = ctx->get_saved_variables();
-    // The buffer becomes the gradient; a second backward through the same
-    // graph (retain_graph=True) fails on its bumped version instead of
-    // computing from a gradient.
+    // The buffer becomes the gradient in place, unless the graph is kept for
+    // another backward (retain_graph=True, gradcheck): then a copy does, and
+    // the saved logits stay intact for the next call.
     at::Tensor buffer = saved[0];
+    if (torch::autograd::get_current_graph_task_keep_graph()) buffer = buffer.clone();
     const at::Tensor& weight = saved[3];
     ops::parallel_cross_entropy_backward(
         grads[0], buffer, saved[1], saved[2],

@@ -185,7 +185,8 @@ at::Tensor reduce_loss(const at::Tensor& saved, const at::Tensor& target,
     case 2: loss = row_loss.sum(); break;
     default: loss = row_loss.sum() / saved.select(0, rows).select(0, kTrailerDenominator); break;
   }
-  return loss.to(out_type);
+  // A fresh tensor: the loss must not alias the saved statistics it came from.
+  return loss.to(out_type, /*non_blocking=*/false, /*copy=*/true);
 }
 
 // Per-row coefficients of d loss / d logits (see softmax_grad_inplace):
