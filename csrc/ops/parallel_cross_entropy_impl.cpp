@@ -33,6 +33,27 @@ struct ClassLayout {
   int64_t local = 0;
 };
 
+// A check that only this rank can fail (its shard size, its weight's size).
+// Throwing at once would leave the other ranks waiting in the all-gather, so
+// the failure travels in the gathered statistics and every rank raises after
+// it (see combine_over_group).
+struct LocalCheck {
+  enum Code : int64_t { kOk = 0, kShardSize = 1, kWeightSize = 2 };
+  int64_t code = kOk;
+  std::string message;
+  void fail(Code c, std::string m) {
+    if (code == kOk) {
+      code = c;
+      message = std::move(m);
+    }
+  }
+};
+
+const char* describe(int64_t code) {
+  return code == LocalCheck::kShardSize ? "its logits' class count is not its shard of the classes"
+                                        : "its class weight has neither its shard's nor all classes' size";
+}
+
 int64_t leading_rows(const at::Tensor& t) {
   int64_t rows = 1;
   for (int64_t d = 0; d + 1 < t.dim(); ++d) rows *= t.size(d);
@@ -44,7 +65,7 @@ int64_t leading_rows(const at::Tensor& t) {
 // num_classes is part of the call every rank makes).
 ClassLayout resolve_class_layout(comm::Communicator& communicator, int64_t local,
                                  std::optional<int64_t> num_classes, const c10::Device& device,
-                                 const char* op) {
+                                 const char* op, LocalCheck& check) {
   const int64_t size = communicator.size(), rank = communicator.rank();
   ClassLayout layout;
   layout.local = local;
@@ -52,9 +73,12 @@ ClassLayout resolve_class_layout(comm::Communicator& communicator, int64_t local
     layout.num_classes = *num_classes;
     TORCH_CHECK(*num_classes >= 1, op, ": num_classes must be >= 1, got ", *num_classes);
     const int64_t expected = topology::shard_size(*num_classes, size, rank);
-    TORCH_CHECK(expected == local, op, ": the last dim of the logits (", local,
-                " classes) must be rank ", rank, "'s shard of num_classes=", *num_classes,
-                " over ", size, " ranks, which is ", expected);
+    if (expected != local) {
+      check.fail(LocalCheck::kShardSize,
+                 c10::str(op, ": the last dim of the input (", local, " classes) must be rank ",
+                          rank, "'s shard of num_classes=", *num_classes, " over ", size,
+                          " ranks, which is ", expected));
+    }
   } else {
     auto sizes = comm::exchange_sizes(communicator, local, device);
     int64_t total = 0;
@@ -85,7 +109,8 @@ void check_targets(const at::Tensor& target, int64_t ignore_index, int64_t num_c
 
 // This rank's class weights in the stats dtype, from a sharded or full weight.
 at::Tensor local_class_weight(const std::optional<at::Tensor>& weight, const ClassLayout& layout,
-                              at::ScalarType acc, const c10::Device& device, const char* op) {
+                              at::ScalarType acc, const c10::Device& device, const char* op,
+                              LocalCheck& check) {
   if (!weight.has_value() || !weight->defined()) return at::Tensor();
   const at::Tensor& w = *weight;
   check_floating(w, "weight", op);
@@ -96,8 +121,12 @@ at::Tensor local_class_weight(const std::optional<at::Tensor>& weight, const Cla
   if (n == layout.num_classes) {
     return w.narrow(0, layout.offset, layout.local).to(acc).contiguous();
   }
-  TORCH_CHECK(n == layout.local, op, ": weight must hold this rank's ", layout.local,
-              " classes or all num_classes=", layout.num_classes, ", got ", n);
+  if (n != layout.local) {
+    check.fail(LocalCheck::kWeightSize,
+               c10::str(op, ": weight must hold this rank's ", layout.local,
+                        " classes or all num_classes=", layout.num_classes, ", got ", n));
+    return at::Tensor();
+  }
   return w.to(acc).contiguous();
 }
 
@@ -111,6 +140,16 @@ at::Tensor local_targets(const at::Tensor& target, int64_t ignore_index, const a
   return at::where(mine, shifted, at::full({}, -1, target.options())).contiguous();
 }
 
+void raise_if_any_rank_failed(const at::Tensor& codes, const LocalCheck& check, const char* op) {
+  TORCH_CHECK(check.code == LocalCheck::kOk, check.message);
+  const at::Tensor host = codes.cpu();
+  for (int64_t r = 0; r < host.size(0); ++r) {
+    const auto code = static_cast<int64_t>(host[r].item<double>());
+    TORCH_CHECK(code == LocalCheck::kOk, op, ": group rank ", r, " failed a check: ",
+                describe(code), " (its own error says more)");
+  }
+}
+
 at::Tensor fresh_row_stats(int64_t rows, at::ScalarType acc, const c10::Device& device) {
   at::Tensor stats = at::zeros({rows, kNumRowStats}, at::TensorOptions().dtype(acc).device(device));
   stats.select(1, kRowMax).fill_(-std::numeric_limits<double>::infinity());
@@ -122,7 +161,8 @@ at::Tensor fresh_row_stats(int64_t rows, at::ScalarType acc, const c10::Device& 
 // each rank combines max and sum-exp itself. Returns the saved row_stats.
 at::Tensor combine_over_group(comm::Communicator& communicator, const at::Tensor& stats,
                               const at::Tensor& weight_local, const at::Tensor& target,
-                              const ClassLayout& layout, const CrossEntropyOptions& options) {
+                              const ClassLayout& layout, const CrossEntropyOptions& options,
+                              const LocalCheck& check, const char* op) {
   const int64_t rows = stats.size(0);
   const auto f64 = stats.options().dtype(at::kDouble);
   at::Tensor packed = at::zeros({rows + 1, kNumRowStats}, f64);
@@ -134,8 +174,10 @@ at::Tensor combine_over_group(comm::Communicator& communicator, const at::Tensor
   } else {
     trailer.select(0, 1).fill_(static_cast<double>(layout.local));
   }
+  trailer.select(0, 2).fill_(static_cast<double>(check.code));
   at::Tensor gathered = at::empty({communicator.size(), rows + 1, kNumRowStats}, f64);
   communicator.all_gather(packed, gathered);
+  raise_if_any_rank_failed(gathered.select(1, rows).select(1, 2), check, op);
 
   const at::Tensor per_rank = gathered.narrow(1, 0, rows);  // [ranks, rows, stats]
   const at::Tensor maxes = per_rank.select(2, kRowMax);
@@ -291,11 +333,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> parallel_cross_entropy_forward_im
   const at::ScalarType acc = cross_entropy_accumulate_type(logits.scalar_type());
 
   auto communicator = comm::communicator_for(group, logits.device(), kForward);
+  LocalCheck check;
   const ClassLayout layout =
-      resolve_class_layout(*communicator, local, num_classes, logits.device(), kForward);
+      resolve_class_layout(*communicator, local, num_classes, logits.device(), kForward, check);
   const at::Tensor target_flat = target.reshape({rows});
   check_targets(target_flat, options.ignore_index, layout.num_classes, kForward);
-  const at::Tensor weight_local = local_class_weight(weight, layout, acc, logits.device(), kForward);
+  const at::Tensor weight_local = local_class_weight(weight, layout, acc, logits.device(), kForward, check);
   const at::Tensor target_local =
       local_targets(target_flat, options.ignore_index,
                     at::scalar_tensor(layout.offset, target.options()), local);
@@ -305,9 +348,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> parallel_cross_entropy_forward_im
   const at::Tensor x = logits.reshape({rows, local}).contiguous();
   at::Tensor buffer = at::empty({rows, local}, logits.options());
   at::Tensor stats = fresh_row_stats(rows, acc, logits.device());
-  kernels.accumulate_row_stats(x, 0, target_local, weight_local, stats, buffer);
-  at::Tensor saved =
-      combine_over_group(*communicator, stats, weight_local, target_flat, layout, options);
+  if (check.code == LocalCheck::kOk) {
+    kernels.accumulate_row_stats(x, 0, target_local, weight_local, stats, buffer);
+  }
+  at::Tensor saved = combine_over_group(*communicator, stats, weight_local, target_flat, layout,
+                                        options, check, kForward);
   at::Tensor loss = reduce_loss(saved, target, options, logits.scalar_type());
   return {loss, buffer, saved};
 }
@@ -366,11 +411,12 @@ std::tuple<at::Tensor, at::Tensor> parallel_linear_cross_entropy_forward_impl(
   const at::ScalarType acc = cross_entropy_accumulate_type(input.scalar_type());
 
   auto communicator = comm::communicator_for(group, input.device(), op);
+  LocalCheck check;
   const ClassLayout layout =
-      resolve_class_layout(*communicator, local, num_classes, input.device(), op);
+      resolve_class_layout(*communicator, local, num_classes, input.device(), op, check);
   const at::Tensor target_flat = target.reshape({rows});
   check_targets(target_flat, options.ignore_index, layout.num_classes, op);
-  const at::Tensor weight_local = local_class_weight(class_weight, layout, acc, input.device(), op);
+  const at::Tensor weight_local = local_class_weight(class_weight, layout, acc, input.device(), op, check);
   const at::Tensor target_local =
       local_targets(target_flat, options.ignore_index,
                     at::scalar_tensor(layout.offset, target.options()), local);
@@ -379,15 +425,15 @@ std::tuple<at::Tensor, at::Tensor> parallel_linear_cross_entropy_forward_impl(
   const at::Tensor w = weight.contiguous();
   at::Tensor stats = fresh_row_stats(rows, acc, input.device());
   // Only one chunk of logits lives at a time.
-  for (int64_t begin = 0; begin < local; begin += chunk_size) {
+  for (int64_t begin = 0; check.code == LocalCheck::kOk && begin < local; begin += chunk_size) {
     const int64_t width = std::min(chunk_size, local - begin);
     const at::Tensor w_chunk = w.narrow(0, begin, width);
     const at::Tensor chunk = has_bias ? at::addmm(bias->narrow(0, begin, width), x, w_chunk.t())
                                       : at::mm(x, w_chunk.t());
     kernels.accumulate_row_stats(chunk, begin, target_local, weight_local, stats, at::Tensor());
   }
-  at::Tensor saved =
-      combine_over_group(*communicator, stats, weight_local, target_flat, layout, options);
+  at::Tensor saved = combine_over_group(*communicator, stats, weight_local, target_flat, layout,
+                                        options, check, op);
   at::Tensor loss = reduce_loss(saved, target, options, input.scalar_type());
   return {loss, saved};
 }
