@@ -25,3 +25,29 @@ def tolerance(dtype):
 def assert_close(actual, expected, dtype=None, what=""):
     rtol, atol = tolerance(dtype or actual.dtype)
     torch.testing.assert_close(actual.double(), expected.double(), rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")
+
+
+def cross_entropy_reference(logits, target, weight=None, ignore_index=-100, reduction="mean",
+                            label_smoothing=0.0, z_loss=0.0):
+    """F.cross_entropy on whole logits [*, C] plus the documented z-loss term:
+    z_loss * logsumexp^2 for each row that is not ignored, unweighted, and for
+    'mean' divided by F.cross_entropy's own denominator."""
+    import torch.nn.functional as F
+
+    moved = logits.movedim(-1, 1) if logits.dim() > 2 else logits
+    loss = F.cross_entropy(moved, target, weight=weight, ignore_index=ignore_index,
+                           reduction=reduction, label_smoothing=label_smoothing)
+    if z_loss == 0.0:
+        return loss
+    lse = torch.logsumexp(logits, -1)
+    valid = target != ignore_index
+    z = torch.where(valid, z_loss * lse * lse, torch.zeros_like(lse))
+    if reduction == "none":
+        return loss + z
+    if reduction == "sum":
+        return loss + z.sum()
+    if weight is None:
+        denominator = valid.sum()
+    else:
+        denominator = torch.where(valid, weight[target.clamp(0, weight.numel() - 1)], 0).sum()
+    return loss + z.sum() / denominator

@@ -1,5 +1,7 @@
 """Parallel layers (``ts.nn``)."""
 from . import functional
 from .linear import ParallelLinear
+from .loss import ParallelCrossEntropyLoss, ParallelLinearCrossEntropyLoss
 
-__all__ = ["ParallelLinear", "functional"]
+__all__ = ["ParallelLinear", "ParallelCrossEntropyLoss", "ParallelLinearCrossEntropyLoss",
+           "functional"]

@@ -2,9 +2,11 @@
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 
 from .. import _core  # noqa: F401  (registers the ops)
 from ..distributed.state import TENSOR_PARALLEL
+from ..utils.parallel_dim import is_sharded_on_last_dim
 
 
 def parallel_linear(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
@@ -12,3 +14,91 @@ def parallel_linear(input: torch.Tensor, weight: torch.Tensor, bias: Optional[to
     """y = input weight^T + bias with ``weight`` this rank's shard; see
     ParallelLinear for ``dim``."""
     return torch.ops.shard.parallel_linear(input, weight, bias, dim, group)
+
+
+_REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
+#: Classes per chunk of the fused classifier + loss: O(rows x chunk) memory.
+DEFAULT_CHUNK_SIZE = 4096
+
+
+def _reduction_code(reduction: str, fn: str) -> int:
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"{fn}: reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
+    return _REDUCTIONS[reduction]
+
+
+def _plain_cross_entropy(input, target, weight, ignore_index, reduction, label_smoothing, z_loss):
+    """F.cross_entropy on whole logits, plus the same z-loss term as the op."""
+    loss = F.cross_entropy(input.movedim(-1, 1) if input.dim() > 2 else input, target, weight=weight,
+                           ignore_index=ignore_index, reduction=reduction,
+                           label_smoothing=label_smoothing)
+    if z_loss == 0.0:
+        return loss
+    lse = torch.logsumexp(input.float() if input.dtype in (torch.float16, torch.bfloat16) else input, -1)
+    valid = target != ignore_index
+    z = torch.where(valid, z_loss * lse * lse, torch.zeros_like(lse))
+    if reduction == "none":
+        return loss + z.to(loss.dtype)
+    if reduction == "sum":
+        return loss + z.sum().to(loss.dtype)
+    if weight is not None:
+        denominator = torch.where(valid, weight[target.clamp(0, weight.numel() - 1)], 0).sum()
+    else:
+        denominator = valid.sum()
+    return loss + (z.sum() / denominator).to(loss.dtype)
+
+
+def parallel_cross_entropy(input: torch.Tensor, target: torch.Tensor,
+                           weight: Optional[torch.Tensor] = None, ignore_index: int = -100,
+                           reduction: str = "mean", label_smoothing: float = 0.0,
+                           z_loss: float = 0.0, parallel: Optional[bool] = None,
+                           group: str = TENSOR_PARALLEL,
+                           num_classes: Optional[int] = None) -> torch.Tensor:
+    """torch.nn.functional.cross_entropy of logits sharded on their last dim.
+
+    Args:
+        input: [*, classes] logits; in parallel mode this rank's shard
+            [*, local_classes] (the first num_classes % size ranks hold one more).
+        target: [*] int64 global class indices, the same on every rank.
+        weight: class weights, this rank's shard [local_classes] or all [num_classes].
+        ignore_index, reduction, label_smoothing: as F.cross_entropy.
+        z_loss: adds ``z_loss * logsumexp(logits)**2`` to every row that is not
+            ignored (unweighted); 'mean' divides it by the cross-entropy's own
+            denominator (the summed target weights, or the count of rows).
+        parallel: None (default): parallel when ``input`` is a column-parallel
+            output (``parallel_dim == -1``), plain F.cross_entropy otherwise
+            (TorchShard's rule). True / False force either mode.
+        group: the shardtorch group the classes are split over.
+        num_classes: total classes, when known (saves one tiny collective).
+
+    Parallel mode: one all-gather of per-row statistics forward, nothing
+    backward, no [rows, all classes] tensor anywhere; ``input`` is not modified.
+    """
+    code = _reduction_code(reduction, "parallel_cross_entropy")
+    if parallel is None:
+        parallel = is_sharded_on_last_dim(input)
+    if not parallel:
+        return _plain_cross_entropy(input, target, weight, ignore_index, reduction,
+                                    label_smoothing, z_loss)
+    return torch.ops.shard.parallel_cross_entropy(input, target, weight, ignore_index,
+                                                  float(label_smoothing), float(z_loss), code,
+                                                  group, num_classes)
+
+
+def parallel_linear_cross_entropy(input: torch.Tensor, weight: torch.Tensor,
+                                  bias: Optional[torch.Tensor], target: torch.Tensor,
+                                  class_weight: Optional[torch.Tensor] = None,
+                                  ignore_index: int = -100, reduction: str = "mean",
+                                  label_smoothing: float = 0.0, z_loss: float = 0.0,
+                                  chunk_size: int = DEFAULT_CHUNK_SIZE,
+                                  group: str = TENSOR_PARALLEL,
+                                  num_classes: Optional[int] = None) -> torch.Tensor:
+    """parallel_cross_entropy(input @ weight.T + bias, target, ...) for a
+    column-parallel classifier (``weight`` [local_classes, in_features]), without
+    materialising the logits: ``chunk_size`` classes at a time (default 4096),
+    recomputed in backward, so the extra memory is O(rows x chunk_size) for any
+    number of classes. Backward adds one all-reduce of the input gradient."""
+    code = _reduction_code(reduction, "parallel_linear_cross_entropy")
+    return torch.ops.shard.parallel_linear_cross_entropy(
+        input, weight, bias, target, class_weight, ignore_index, float(label_smoothing),
+        float(z_loss), code, int(chunk_size), group, num_classes)

@@ -1,0 +1,146 @@
+// Autograd of parallel_cross_entropy and parallel_linear_cross_entropy, in C++
+// so that LibTorch programs train with them too. Backwards are the ops
+// shard::_parallel_cross_entropy_backward (which turns the forward's own
+// logits buffer into the gradient in place: no new [rows, classes] memory) and
+// shard::_parallel_linear_cross_entropy_backward (chunks recomputed).
+#include <torch/autograd.h>
+#include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
+#include <torch/csrc/autograd/graph_task.h>
+#include <torch/library.h>
+
+#include "ops/parallel_cross_entropy.h"
+#include "ops/parallel_linear_cross_entropy.h"
+
+namespace shardtorch {
+namespace autograd {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::Function;
+using torch::autograd::variable_list;
+
+void save_options(AutogradContext* ctx, int64_t ignore_index, double label_smoothing,
+                  double z_loss, int64_t reduction) {
+  ctx->saved_data["ignore_index"] = ignore_index;
+  ctx->saved_data["label_smoothing"] = label_smoothing;
+  ctx->saved_data["z_loss"] = z_loss;
+  ctx->saved_data["reduction"] = reduction;
+}
+
+class ParallelCrossEntropyFunction : public Function<ParallelCrossEntropyFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits,
+                            const at::Tensor& target, const std::optional<at::Tensor>& weight,
+                            int64_t ignore_index, double label_smoothing, double z_loss,
+                            int64_t reduction, const std::string& group,
+                            std::optional<int64_t> num_classes) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [loss, buffer, row_stats] = ops::parallel_cross_entropy_forward(
+        logits, target, weight, ignore_index, label_smoothing, z_loss, reduction, group,
+        num_classes);
+    ctx->save_for_backward({buffer, row_stats, target, weight.value_or(at::Tensor())});
+    ctx->saved_data["logits_sizes"] = logits.sizes().vec();
+    save_options(ctx, ignore_index, label_smoothing, z_loss, reduction);
+    return loss;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list result(9);
+    if (!grads[0].defined() || !ctx->needs_input_grad(0)) return result;
+    auto saved = ctx->get_saved_variables();
+    // The buffer becomes the gradient in place, unless the graph is kept for
+    // another backward (retain_graph=True, gradcheck): then a copy does, and
+    // the saved logits stay intact for the next call.
+    at::Tensor buffer = saved[0];
+    if (torch::autograd::get_current_graph_task_keep_graph()) buffer = buffer.clone();
+    const at::Tensor& weight = saved[3];
+    ops::parallel_cross_entropy_backward(
+        grads[0], buffer, saved[1], saved[2],
+        weight.defined() ? std::optional<at::Tensor>(weight) : std::nullopt,
+        ctx->saved_data["ignore_index"].toInt(), ctx->saved_data["label_smoothing"].toDouble(),
+        ctx->saved_data["z_loss"].toDouble(), ctx->saved_data["reduction"].toInt());
+    result[0] = buffer.view(ctx->saved_data["logits_sizes"].toIntVector());
+    return result;
+  }
+};
+
+class ParallelLinearCrossEntropyFunction : public Function<ParallelLinearCrossEntropyFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
+                            const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                            const at::Tensor& target,
+                            const std::optional<at::Tensor>& class_weight, int64_t ignore_index,
+                            double label_smoothing, double z_loss, int64_t reduction,
+                            int64_t chunk_size, const std::string& group,
+                            std::optional<int64_t> num_classes) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [loss, row_stats] = ops::parallel_linear_cross_entropy_forward(
+        input, weight, bias, target, class_weight, ignore_index, label_smoothing, z_loss,
+        reduction, chunk_size, group, num_classes);
+    ctx->save_for_backward({input, weight, bias.value_or(at::Tensor()), row_stats, target,
+                            class_weight.value_or(at::Tensor())});
+    save_options(ctx, ignore_index, label_smoothing, z_loss, reduction);
+    ctx->saved_data["chunk_size"] = chunk_size;
+    ctx->saved_data["group"] = group;
+    return loss;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list result(12);
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor& bias = saved[2];
+    const at::Tensor& class_weight = saved[5];
+    std::array<bool, 3> mask{ctx->needs_input_grad(0), ctx->needs_input_grad(1),
+                             bias.defined() && ctx->needs_input_grad(2)};
+    if (!grads[0].defined() || !(mask[0] || mask[1] || mask[2])) return result;
+    auto [grad_input, grad_weight, grad_bias] = ops::parallel_linear_cross_entropy_backward(
+        grads[0], saved[0], saved[1],
+        bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt, saved[3], saved[4],
+        class_weight.defined() ? std::optional<at::Tensor>(class_weight) : std::nullopt,
+        ctx->saved_data["ignore_index"].toInt(), ctx->saved_data["label_smoothing"].toDouble(),
+        ctx->saved_data["z_loss"].toDouble(), ctx->saved_data["reduction"].toInt(),
+        ctx->saved_data["chunk_size"].toInt(), ctx->saved_data["group"].toStringRef(), mask);
+    result[0] = grad_input;
+    result[1] = grad_weight;
+    result[2] = grad_bias;
+    return result;
+  }
+};
+
+at::Tensor parallel_cross_entropy_autograd(const at::Tensor& logits, const at::Tensor& target,
+                                           const std::optional<at::Tensor>& weight,
+                                           int64_t ignore_index, double label_smoothing,
+                                           double z_loss, int64_t reduction,
+                                           const std::string& group,
+                                           std::optional<int64_t> num_classes) {
+  return ParallelCrossEntropyFunction::apply(logits, target, weight, ignore_index,
+                                             label_smoothing, z_loss, reduction, group,
+                                             num_classes);
+}
+
+at::Tensor parallel_linear_cross_entropy_autograd(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    const at::Tensor& target, const std::optional<at::Tensor>& class_weight, int64_t ignore_index,
+    double label_smoothing, double z_loss, int64_t reduction, int64_t chunk_size,
+    const std::string& group, std::optional<int64_t> num_classes) {
+  return ParallelLinearCrossEntropyFunction::apply(input, weight, bias, target, class_weight,
+                                                   ignore_index, label_smoothing, z_loss,
+                                                   reduction, chunk_size, group, num_classes);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(shard, Autograd, m) {
+  m.impl("parallel_cross_entropy", TORCH_FN(parallel_cross_entropy_autograd));
+  m.impl("parallel_linear_cross_entropy", TORCH_FN(parallel_linear_cross_entropy_autograd));
+  // Internal ops: differentiate through the public ops, not these.
+  m.impl("_parallel_cross_entropy_forward", torch::autograd::autogradNotImplementedFallback());
+  m.impl("_parallel_cross_entropy_backward", torch::autograd::autogradNotImplementedFallback());
+  m.impl("_parallel_linear_cross_entropy_forward",
+         torch::autograd::autogradNotImplementedFallback());
+  m.impl("_parallel_linear_cross_entropy_backward",
+         torch::autograd::autogradNotImplementedFallback());
+}
+
+}  // namespace autograd
+}  // namespace shardtorch

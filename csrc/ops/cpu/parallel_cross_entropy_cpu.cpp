@@ -1,0 +1,196 @@
+// Parallel cross-entropy on CPU: the row passes as plain loops (one read of
+// each logit per pass, accumulated in float32 or float64), Gloo for the
+// collectives, ATen's matrix products for the fused classifier.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <limits>
+
+#include "ops/parallel_cross_entropy_impl.h"
+
+namespace shardtorch {
+namespace ops {
+namespace {
+
+// Rows per parallel task: enough work to amortise a task.
+int64_t rows_per_task(int64_t cols) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(cols, 1)); }
+
+template <typename scalar_t, typename acc_t>
+void accumulate_rows(const at::Tensor& logits, int64_t col_begin, const at::Tensor& target_local,
+                     const at::Tensor& weight_local, const at::Tensor& stats,
+                     const at::Tensor& copy_to) {
+  const int64_t rows = logits.size(0), cols = logits.size(1);
+  const scalar_t* x_data = logits.const_data_ptr<scalar_t>();
+  const int64_t* target_data = target_local.const_data_ptr<int64_t>();
+  const acc_t* w_data = weight_local.defined() ? weight_local.const_data_ptr<acc_t>() : nullptr;
+  acc_t* stats_data = stats.data_ptr<acc_t>();
+  scalar_t* copy_data = copy_to.defined() ? copy_to.data_ptr<scalar_t>() : nullptr;
+  constexpr acc_t kNegInf = -std::numeric_limits<acc_t>::infinity();
+
+  at::parallel_for(0, rows, rows_per_task(cols), [&](int64_t first, int64_t last) {
+    for (int64_t r = first; r < last; ++r) {
+      const scalar_t* x = x_data + r * cols;
+      acc_t* s = stats_data + r * kNumRowStats;
+      // Online max / sum-exp: each logit is read once.
+      acc_t run_max = s[kRowMax], run_sum = s[kRowSumExp], weighted = 0;
+      for (int64_t j = 0; j < cols; ++j) {
+        const acc_t v = static_cast<acc_t>(x[j]);
+        if (copy_data) copy_data[r * cols + j] = x[j];
+        weighted += (w_data ? w_data[col_begin + j] : acc_t(1)) * v;
+        if (v > run_max) {
+          run_sum = (run_max == kNegInf ? acc_t(0) : run_sum * std::exp(run_max - v)) + acc_t(1);
+          run_max = v;
+        } else if (v != kNegInf) {
+          run_sum += std::exp(v - run_max);
+        }
+      }
+      s[kRowMax] = run_max;
+      s[kRowSumExp] = run_sum;
+      s[kRowWeightedSum] += weighted;
+      const int64_t t = target_data[r] - col_begin;
+      if (t >= 0 && t < cols) {
+        s[kRowTargetLogit] = static_cast<acc_t>(x[t]);
+        s[kRowTargetWeight] = w_data ? w_data[col_begin + t] : acc_t(1);
+      }
+    }
+  });
+}
+
+template <typename scalar_t, typename acc_t>
+void softmax_grad_rows(const at::Tensor& values, int64_t col_begin, const at::Tensor& target_local,
+                       const at::Tensor& weight_local, const at::Tensor& coefs) {
+  const int64_t rows = values.size(0), cols = values.size(1);
+  scalar_t* v_data = values.data_ptr<scalar_t>();
+  const int64_t* target_data = target_local.const_data_ptr<int64_t>();
+  const acc_t* w_data = weight_local.defined() ? weight_local.const_data_ptr<acc_t>() : nullptr;
+  const acc_t* c_data = coefs.const_data_ptr<acc_t>();
+
+  at::parallel_for(0, rows, rows_per_task(cols), [&](int64_t first, int64_t last) {
+    for (int64_t r = first; r < last; ++r) {
+      scalar_t* v = v_data + r * cols;
+      const acc_t* c = c_data + r * kNumGradCoefs;
+      const acc_t lse = c[kCoefLse], grad_scale = c[kCoefGradScale];
+      const acc_t smooth = c[kCoefSmoothScale];
+      if (grad_scale == acc_t(0) && smooth == acc_t(0)) {  // ignored row
+        std::fill(v, v + cols, scalar_t(0));
+        continue;
+      }
+      const int64_t t = target_data[r] - col_begin;  // outside [0, cols): not here
+      const acc_t target_scale = c[kCoefTargetScale];
+      for (int64_t j = 0; j < cols; ++j) {
+        const acc_t p = std::exp(static_cast<acc_t>(v[j]) - lse);
+        acc_t g = grad_scale * p - smooth * (w_data ? w_data[col_begin + j] : acc_t(1));
+        if (j == t) g -= target_scale;
+        v[j] = static_cast<scalar_t>(g);
+      }
+    }
+  });
+}
+
+class CpuCrossEntropyKernels final : public CrossEntropyKernels {
+ public:
+  void accumulate_row_stats(const at::Tensor& logits, int64_t col_begin,
+                            const at::Tensor& target_local, const at::Tensor& weight_local,
+                            const at::Tensor& stats, const at::Tensor& copy_to) const override {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, logits.scalar_type(),
+                                    "parallel_cross_entropy_forward_cpu", [&] {
+      using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+      accumulate_rows<scalar_t, acc_t>(logits, col_begin, target_local, weight_local, stats,
+                                       copy_to);
+    });
+  }
+
+  void softmax_grad_inplace(const at::Tensor& values, int64_t col_begin,
+                            const at::Tensor& target_local, const at::Tensor& weight_local,
+                            const at::Tensor& coefs) const override {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, values.scalar_type(),
+                                    "parallel_cross_entropy_backward_cpu", [&] {
+      using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+      softmax_grad_rows<scalar_t, acc_t>(values, col_begin, target_local, weight_local, coefs);
+    });
+  }
+};
+
+const CpuCrossEntropyKernels kKernels;
+
+CrossEntropyOptions options_of(int64_t ignore_index, double label_smoothing, double z_loss,
+                               int64_t reduction) {
+  return CrossEntropyOptions{ignore_index, label_smoothing, z_loss, reduction};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_cpu(
+    const at::Tensor& logits, const at::Tensor& target, const std::optional<at::Tensor>& weight,
+    int64_t ignore_index, double label_smoothing, double z_loss, int64_t reduction,
+    const std::string& group, std::optional<int64_t> num_classes) {
+  return parallel_cross_entropy_forward_impl(
+      logits, target, weight, options_of(ignore_index, label_smoothing, z_loss, reduction), group,
+      num_classes, kKernels);
+}
+
+at::Tensor loss_cpu(const at::Tensor& logits, const at::Tensor& target,
+                    const std::optional<at::Tensor>& weight, int64_t ignore_index,
+                    double label_smoothing, double z_loss, int64_t reduction,
+                    const std::string& group, std::optional<int64_t> num_classes) {
+  return std::get<0>(forward_cpu(logits, target, weight, ignore_index, label_smoothing, z_loss,
+                                 reduction, group, num_classes));
+}
+
+void backward_cpu(const at::Tensor& grad_loss, const at::Tensor& logits_buffer,
+                  const at::Tensor& row_stats, const at::Tensor& target,
+                  const std::optional<at::Tensor>& weight, int64_t ignore_index,
+                  double label_smoothing, double z_loss, int64_t reduction) {
+  parallel_cross_entropy_backward_impl(grad_loss, logits_buffer, row_stats, target, weight,
+                                       options_of(ignore_index, label_smoothing, z_loss, reduction),
+                                       kKernels);
+}
+
+std::tuple<at::Tensor, at::Tensor> fused_forward_cpu(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    const at::Tensor& target, const std::optional<at::Tensor>& class_weight, int64_t ignore_index,
+    double label_smoothing, double z_loss, int64_t reduction, int64_t chunk_size,
+    const std::string& group, std::optional<int64_t> num_classes) {
+  return parallel_linear_cross_entropy_forward_impl(
+      input, weight, bias, target, class_weight,
+      options_of(ignore_index, label_smoothing, z_loss, reduction), chunk_size, group, num_classes,
+      kKernels);
+}
+
+at::Tensor fused_loss_cpu(const at::Tensor& input, const at::Tensor& weight,
+                          const std::optional<at::Tensor>& bias, const at::Tensor& target,
+                          const std::optional<at::Tensor>& class_weight, int64_t ignore_index,
+                          double label_smoothing, double z_loss, int64_t reduction,
+                          int64_t chunk_size, const std::string& group,
+                          std::optional<int64_t> num_classes) {
+  return std::get<0>(fused_forward_cpu(input, weight, bias, target, class_weight, ignore_index,
+                                       label_smoothing, z_loss, reduction, chunk_size, group,
+                                       num_classes));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_backward_cpu(
+    const at::Tensor& grad_loss, const at::Tensor& input, const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias, const at::Tensor& row_stats, const at::Tensor& target,
+    const std::optional<at::Tensor>& class_weight, int64_t ignore_index, double label_smoothing,
+    double z_loss, int64_t reduction, int64_t chunk_size, const std::string& group,
+    std::array<bool, 3> output_mask) {
+  return parallel_linear_cross_entropy_backward_impl(
+      grad_loss, input, weight, bias, row_stats, target, class_weight,
+      options_of(ignore_index, label_smoothing, z_loss, reduction), chunk_size, group, output_mask,
+      kKernels);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(shard, CPU, m) {
+  m.impl("parallel_cross_entropy", TORCH_FN(loss_cpu));
+  m.impl("_parallel_cross_entropy_forward", TORCH_FN(forward_cpu));
+  m.impl("_parallel_cross_entropy_backward", TORCH_FN(backward_cpu));
+  m.impl("parallel_linear_cross_entropy", TORCH_FN(fused_loss_cpu));
+  m.impl("_parallel_linear_cross_entropy_forward", TORCH_FN(fused_forward_cpu));
+  m.impl("_parallel_linear_cross_entropy_backward", TORCH_FN(fused_backward_cpu));
+}
+
+}  // namespace ops
+}  // namespace shardtorch

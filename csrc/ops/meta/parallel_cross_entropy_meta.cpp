@@ -1,0 +1,116 @@
+// Shapes of the parallel cross-entropy ops for FakeTensor / torch.compile.
+// No communication and no reading of values: checks that need the group or the
+// targets' values happen in the real kernels.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "ops/op_checks.h"
+#include "ops/parallel_cross_entropy_impl.h"
+
+namespace shardtorch {
+namespace ops {
+namespace {
+
+c10::SymInt leading_rows(const at::Tensor& t) {
+  c10::SymInt rows = 1;
+  for (int64_t d = 0; d + 1 < t.dim(); ++d) rows = rows * t.sym_size(d);
+  return rows;
+}
+
+CrossEntropyOptions options_of(int64_t ignore_index, double label_smoothing, double z_loss,
+                               int64_t reduction) {
+  return CrossEntropyOptions{ignore_index, label_smoothing, z_loss, reduction};
+}
+
+at::Tensor row_stats_like(const c10::SymInt& rows, const at::Tensor& like) {
+  return at::empty_symint({rows + 1, 4}, like.options().dtype(at::kDouble));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_meta(
+    const at::Tensor& logits, const at::Tensor& target, const std::optional<at::Tensor>& weight,
+    int64_t ignore_index, double label_smoothing, double z_loss, int64_t reduction,
+    const std::string& group, std::optional<int64_t> num_classes) {
+  const char* op = "shard::parallel_cross_entropy";
+  check_cross_entropy_options(options_of(ignore_index, label_smoothing, z_loss, reduction), op);
+  TORCH_CHECK(logits.dim() >= 1, op, ": logits must be [*, local_classes], got a scalar");
+  check_floating(logits, "logits", op);
+  check_cross_entropy_inputs(logits, logits.dim() - 1, target, op);
+  const c10::SymInt rows = leading_rows(logits);
+  at::Tensor loss = at::empty_symint(cross_entropy_loss_shape(target, reduction), logits.options());
+  at::Tensor buffer = at::empty_symint({rows, logits.sym_size(-1)}, logits.options());
+  return {loss, buffer, row_stats_like(rows, logits)};
+}
+
+at::Tensor loss_meta(const at::Tensor& logits, const at::Tensor& target,
+                     const std::optional<at::Tensor>& weight, int64_t ignore_index,
+                     double label_smoothing, double z_loss, int64_t reduction,
+                     const std::string& group, std::optional<int64_t> num_classes) {
+  return std::get<0>(forward_meta(logits, target, weight, ignore_index, label_smoothing, z_loss,
+                                  reduction, group, num_classes));
+}
+
+void backward_meta(const at::Tensor& grad_loss, const at::Tensor& logits_buffer,
+                   const at::Tensor& row_stats, const at::Tensor& target,
+                   const std::optional<at::Tensor>& weight, int64_t ignore_index,
+                   double label_smoothing, double z_loss, int64_t reduction) {
+  check_cross_entropy_options(options_of(ignore_index, label_smoothing, z_loss, reduction),
+                              "shard::_parallel_cross_entropy_backward");
+}
+
+std::tuple<at::Tensor, at::Tensor> fused_forward_meta(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    const at::Tensor& target, const std::optional<at::Tensor>& class_weight, int64_t ignore_index,
+    double label_smoothing, double z_loss, int64_t reduction, int64_t chunk_size,
+    const std::string& group, std::optional<int64_t> num_classes) {
+  const char* op = "shard::parallel_linear_cross_entropy";
+  check_cross_entropy_options(options_of(ignore_index, label_smoothing, z_loss, reduction), op);
+  TORCH_CHECK(chunk_size >= 1, op, ": chunk_size must be >= 1, got ", chunk_size);
+  TORCH_CHECK(input.dim() >= 1, op, ": input must be [*, in_features], got a scalar");
+  TORCH_CHECK(weight.dim() == 2, op, ": weight must be 2-D [local_classes, in_features], got ",
+              weight.sym_sizes());
+  check_floating(input, "input", op);
+  check_same_dtype_device(input, "input", weight, "weight", op);
+  check_cross_entropy_inputs(input, input.dim() - 1, target, op);
+  at::Tensor loss = at::empty_symint(cross_entropy_loss_shape(target, reduction), input.options());
+  return {loss, row_stats_like(leading_rows(input), input)};
+}
+
+at::Tensor fused_loss_meta(const at::Tensor& input, const at::Tensor& weight,
+                           const std::optional<at::Tensor>& bias, const at::Tensor& target,
+                           const std::optional<at::Tensor>& class_weight, int64_t ignore_index,
+                           double label_smoothing, double z_loss, int64_t reduction,
+                           int64_t chunk_size, const std::string& group,
+                           std::optional<int64_t> num_classes) {
+  return std::get<0>(fused_forward_meta(input, weight, bias, target, class_weight, ignore_index,
+                                        label_smoothing, z_loss, reduction, chunk_size, group,
+                                        num_classes));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_backward_meta(
+    const at::Tensor& grad_loss, const at::Tensor& input, const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias, const at::Tensor& row_stats, const at::Tensor& target,
+    const std::optional<at::Tensor>& class_weight, int64_t ignore_index, double label_smoothing,
+    double z_loss, int64_t reduction, int64_t chunk_size, const std::string& group,
+    std::array<bool, 3> output_mask) {
+  at::Tensor grad_input, grad_weight, grad_bias;
+  if (output_mask[0]) grad_input = at::empty_symint(input.sym_sizes(), input.options());
+  if (output_mask[1]) grad_weight = at::empty_symint(weight.sym_sizes(), weight.options());
+  if (output_mask[2] && bias.has_value() && bias->defined()) {
+    grad_bias = at::empty_symint(bias->sym_sizes(), bias->options());
+  }
+  return {grad_input, grad_weight, grad_bias};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(shard, Meta, m) {
+  m.impl("parallel_cross_entropy", TORCH_FN(loss_meta));
+  m.impl("_parallel_cross_entropy_forward", TORCH_FN(forward_meta));
+  m.impl("_parallel_cross_entropy_backward", TORCH_FN(backward_meta));
+  m.impl("parallel_linear_cross_entropy", TORCH_FN(fused_loss_meta));
+  m.impl("_parallel_linear_cross_entropy_forward", TORCH_FN(fused_forward_meta));
+  m.impl("_parallel_linear_cross_entropy_backward", TORCH_FN(fused_backward_meta));
+}
+
+}  // namespace ops
+}  // namespace shardtorch

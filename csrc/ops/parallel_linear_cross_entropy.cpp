@@ -1,0 +1,83 @@
+// Schemas and C++ entry points of parallel_linear_cross_entropy (see the header).
+#include "ops/parallel_linear_cross_entropy.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+namespace shardtorch {
+namespace ops {
+
+TORCH_LIBRARY_FRAGMENT(shard, m) {
+  const std::vector<at::Tag> tags{at::Tag::pt2_compliant_tag};
+  m.def(
+      "parallel_linear_cross_entropy(Tensor input, Tensor weight, Tensor? bias, Tensor target, "
+      "Tensor? class_weight=None, int ignore_index=-100, float label_smoothing=0.0, "
+      "float z_loss=0.0, int reduction=1, int chunk_size=4096, str group=\"tp\", "
+      "int? num_classes=None) -> Tensor",
+      tags);
+  m.def(
+      "_parallel_linear_cross_entropy_forward(Tensor input, Tensor weight, Tensor? bias, "
+      "Tensor target, Tensor? class_weight, int ignore_index, float label_smoothing, float z_loss, "
+      "int reduction, int chunk_size, str group, int? num_classes) -> (Tensor, Tensor)",
+      tags);
+  m.def(
+      "_parallel_linear_cross_entropy_backward(Tensor grad_loss, Tensor input, Tensor weight, "
+      "Tensor? bias, Tensor row_stats, Tensor target, Tensor? class_weight, int ignore_index, "
+      "float label_smoothing, float z_loss, int reduction, int chunk_size, str group, "
+      "bool[3] output_mask) -> (Tensor, Tensor, Tensor)",
+      tags);
+}
+
+using OptTensor = std::optional<at::Tensor>;
+
+at::Tensor parallel_linear_cross_entropy(const at::Tensor& input, const at::Tensor& weight,
+                                         const OptTensor& bias, const at::Tensor& target,
+                                         const OptTensor& class_weight, int64_t ignore_index,
+                                         double label_smoothing, double z_loss, int64_t reduction,
+                                         int64_t chunk_size, const std::string& group,
+                                         std::optional<int64_t> num_classes) {
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("shard::parallel_linear_cross_entropy", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const OptTensor&,
+                            const at::Tensor&, const OptTensor&, int64_t, double, double, int64_t,
+                            int64_t, const std::string&, std::optional<int64_t>)>();
+  return op.call(input, weight, bias, target, class_weight, ignore_index, label_smoothing, z_loss,
+                 reduction, chunk_size, group, num_classes);
+}
+
+std::tuple<at::Tensor, at::Tensor> parallel_linear_cross_entropy_forward(
+    const at::Tensor& input, const at::Tensor& weight, const OptTensor& bias,
+    const at::Tensor& target, const OptTensor& class_weight, int64_t ignore_index,
+    double label_smoothing, double z_loss, int64_t reduction, int64_t chunk_size,
+    const std::string& group, std::optional<int64_t> num_classes) {
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("shard::_parallel_linear_cross_entropy_forward", "")
+          .typed<std::tuple<at::Tensor, at::Tensor>(
+              const at::Tensor&, const at::Tensor&, const OptTensor&, const at::Tensor&,
+              const OptTensor&, int64_t, double, double, int64_t, int64_t, const std::string&,
+              std::optional<int64_t>)>();
+  return op.call(input, weight, bias, target, class_weight, ignore_index, label_smoothing, z_loss,
+                 reduction, chunk_size, group, num_classes);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> parallel_linear_cross_entropy_backward(
+    const at::Tensor& grad_loss, const at::Tensor& input, const at::Tensor& weight,
+    const OptTensor& bias, const at::Tensor& row_stats, const at::Tensor& target,
+    const OptTensor& class_weight, int64_t ignore_index, double label_smoothing, double z_loss,
+    int64_t reduction, int64_t chunk_size, const std::string& group,
+    std::array<bool, 3> output_mask) {
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("shard::_parallel_linear_cross_entropy_backward", "")
+          .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+              const at::Tensor&, const at::Tensor&, const at::Tensor&, const OptTensor&,
+              const at::Tensor&, const at::Tensor&, const OptTensor&, int64_t, double, double,
+              int64_t, int64_t, const std::string&, std::array<bool, 3>)>();
+  return op.call(grad_loss, input, weight, bias, row_stats, target, class_weight, ignore_index,
+                 label_smoothing, z_loss, reduction, chunk_size, group, output_mask);
+}
+
+}  // namespace ops
+}  // namespace shardtorch

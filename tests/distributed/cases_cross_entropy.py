@@ -1,0 +1,195 @@
+"""The parallel cross-entropy on real ranks against F.cross_entropy on the
+gathered logits. Every rank builds the same whole logits from a fixed seed and
+keeps its shard; targets are the same everywhere."""
+import itertools
+
+import torch
+from torch import nn
+
+import shardtorch as ts
+from tests.reference import assert_close, cross_entropy_reference, shard_of
+
+F_TS = ts.nn.functional
+
+
+def _size():
+    return ts.distributed.get_group_size()
+
+
+def _class_counts():
+    size = _size()
+    return {"even": 3 * size, "uneven": 3 * size + size - 1}
+
+
+def _targets(rows, classes, ignore):
+    """Targets for an ignore setting: None, -100, a class id, or all ignored."""
+    g = torch.Generator().manual_seed(rows * 1000 + classes)
+    target = torch.randint(0, classes, (rows,), generator=g)
+    if ignore == "none":
+        return target, -100
+    if ignore == "-100":
+        target[::3] = -100
+        return target, -100
+    if ignore == "class":
+        ignored = 1
+        target[::2] = ignored
+        return target, ignored
+    return torch.full((rows,), -100), -100  # all ignored
+
+
+def _check(rows, classes, dtype, reduction, ignore, weight_kind, smoothing, z_loss,
+           pass_num_classes, extra_leading=False):
+    g = torch.Generator().manual_seed(classes * 7 + rows)
+    full = (torch.randn(rows, classes, generator=g, dtype=torch.float64) * 3).to(dtype)
+    target, ignore_index = _targets(rows, classes, ignore)
+    full_weight = torch.rand(classes, generator=g, dtype=torch.float64) + 0.5
+    weight = {"none": None, "full": full_weight, "sharded": shard_of(full_weight, 0)}[weight_kind]
+    if weight is not None:
+        weight = weight.to(dtype)
+    if extra_leading:
+        full, target = full.view(2, rows // 2, classes), target.view(2, rows // 2)
+    upstream = torch.randn(() if reduction != "none" else target.shape, generator=g,
+                           dtype=torch.float64)
+
+    shard = shard_of(full, -1).clone()
+    before = shard.clone()
+    x = ts.utils.register_parallel_dim(shard.requires_grad_(), -1)
+    loss = F_TS.parallel_cross_entropy(x, target, weight, ignore_index, reduction, smoothing,
+                                       z_loss, group="tp",
+                                       num_classes=classes if pass_num_classes else None)
+    (loss.double() * upstream).sum().backward()
+    assert torch.equal(shard.detach(), before), "logits were modified"
+
+    x_ref = full.double().clone().requires_grad_()
+    ref = cross_entropy_reference(x_ref, target, full_weight if weight is not None else None,
+                                  ignore_index, reduction, smoothing, z_loss)
+    (ref * upstream).sum().backward()
+    what = (f"rows={rows} classes={classes} {dtype} {reduction} ignore={ignore} "
+            f"weight={weight_kind} eps={smoothing} z={z_loss}")
+    assert loss.dtype == dtype and loss.shape == ref.shape, what
+    if ignore == "all" and reduction == "mean":
+        assert torch.isnan(loss) and torch.isnan(ref), what
+    else:
+        assert_close(loss, ref, dtype, "loss " + what)
+    assert_close(x.grad, shard_of(x_ref.grad, -1), dtype, "grad " + what)
+
+
+def case_every_combination_float64():
+    for i, (reduction, ignore, weight_kind, smoothing, z_loss, classes) in enumerate(itertools.product(
+            ("none", "mean", "sum"), ("none", "-100", "class", "all"), ("none", "sharded", "full"),
+            (0.0, 0.15), (0.0, 1e-2), _class_counts().values())):
+        _check(6, classes, torch.float64, reduction, ignore, weight_kind, smoothing, z_loss,
+               pass_num_classes=i % 2 == 0, extra_leading=i % 5 == 0)
+
+
+def case_float32_and_bfloat16():
+    for dtype, reduction, weight_kind in itertools.product(
+            (torch.float32, torch.bfloat16), ("mean", "none"), ("none", "sharded")):
+        _check(8, _class_counts()["uneven"], dtype, reduction, "-100", weight_kind, 0.1, 1e-3,
+               pass_num_classes=False)
+
+
+def case_more_ranks_than_classes():
+    size = _size()
+    if size > 2:  # some ranks hold no class at all
+        _check(4, size - 1, torch.float64, "mean", "-100", "sharded", 0.1, 1e-2, True)
+
+
+def case_fused_equals_linear_then_loss():
+    size = _size()
+    classes, features, rows = 5 * size + 1, 6, 8
+    for bias, smoothing, weight_kind, chunk in ((True, 0.0, "none", 2), (False, 0.1, "sharded", 64),
+                                                (True, 0.2, "full", 3)):
+        torch.manual_seed(11)
+        ref_head = nn.Linear(features, classes, bias=bias, dtype=torch.float64)
+        head = ts.nn.ParallelLinear.from_linear(ref_head, dim=1)
+        fused_head = ts.nn.ParallelLinear.from_linear(ref_head, dim=1)
+        target, ignore_index = _targets(rows, classes, "-100")
+        full_weight = torch.rand(classes, dtype=torch.float64) + 0.5
+        weight = {"none": None, "full": full_weight, "sharded": shard_of(full_weight, 0)}[weight_kind]
+        x = torch.randn(rows, features, dtype=torch.float64)
+        x_a, x_b = x.clone().requires_grad_(), x.clone().requires_grad_()
+        loss_a = ts.nn.ParallelCrossEntropyLoss(weight, ignore_index, label_smoothing=smoothing,
+                                                z_loss=1e-3)(head(x_a), target)
+        loss_b = ts.nn.ParallelLinearCrossEntropyLoss(fused_head, weight, ignore_index,
+                                                      label_smoothing=smoothing, z_loss=1e-3,
+                                                      chunk_size=chunk)(x_b, target)
+        loss_a.backward()
+        loss_b.backward()
+        what = f"bias={bias} eps={smoothing} weight={weight_kind} chunk={chunk}"
+        assert_close(loss_b, loss_a, torch.float64, "fused loss " + what)
+        assert_close(x_b.grad, x_a.grad, torch.float64, "fused grad input " + what)
+        assert_close(fused_head.weight.grad, head.weight.grad, torch.float64, "fused grad weight " + what)
+        if bias:
+            assert_close(fused_head.bias.grad, head.bias.grad, torch.float64, "fused grad bias " + what)
+        # And against unsharded torch.
+        x_ref = x.clone().requires_grad_()
+        ref = cross_entropy_reference(ref_head(x_ref), target, full_weight if weight is not None else None,
+                                      ignore_index, "mean", smoothing, 1e-3)
+        ref.backward()
+        assert_close(loss_b, ref, torch.float64, "fused vs torch " + what)
+        assert_close(x_b.grad, x_ref.grad, torch.float64, "fused grad input vs torch " + what)
+        assert_close(fused_head.weight.grad, shard_of(ref_head.weight.grad, 0), torch.float64,
+                     "fused grad weight vs torch " + what)
+
+
+def _expect_error(fn, pattern):
+    import re
+
+    try:
+        fn()
+    except RuntimeError as e:
+        assert re.search(pattern, str(e)), f"unexpected message: {e}"
+        return
+    raise AssertionError(f"no error; expected {pattern!r}")
+
+
+def case_out_of_range_target_raises_on_every_rank():
+    classes = _class_counts()["uneven"]
+    shard = shard_of(torch.randn(4, classes, dtype=torch.float64), -1).clone()
+    target = torch.tensor([0, classes, 1, -100])
+    for num_classes in (None, classes):
+        _expect_error(lambda: F_TS.parallel_cross_entropy(shard, target, parallel=True,
+                                                          num_classes=num_classes),
+                      rf"target values must be in \[0, num_classes={classes}\).*got {classes}")
+    _expect_error(lambda: F_TS.parallel_cross_entropy(shard, torch.tensor([0, -5, 1, 2]), parallel=True),
+                  "got -5")
+    # The group is still usable: nobody was left inside a collective.
+    F_TS.parallel_cross_entropy(shard, torch.tensor([0, 1, 2, 3]), parallel=True)
+
+
+def case_marked_tensor_mismatch_raises_on_every_rank():
+    size = _size()
+    classes = 3 * size + 1  # uneven: rank 0 holds 4, the others 3
+    shard = ts.utils.register_parallel_dim(shard_of(torch.randn(4, classes), -1).clone(), -1)
+    target = torch.tensor([0, 1, 2, 3])
+    # A weight of 3 classes fits every rank but rank 0: all ranks must raise.
+    _expect_error(lambda: ts.nn.ParallelCrossEntropyLoss(weight=torch.ones(3))(shard, target),
+                  "weight must hold this rank's 4 classes|group rank 0 failed a check")
+    # Logits that are not this rank's shard of the classes the caller names.
+    _expect_error(lambda: ts.nn.ParallelCrossEntropyLoss(num_classes=classes + 1)(shard, target),
+                  "shard of num_classes|failed a check")
+    F_TS.parallel_cross_entropy(shard, target)  # still usable
+
+
+def case_trains_like_unsharded():
+    size = _size()
+    classes, features = 4 * size + 3, 5
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Linear(7, features), nn.Tanh(), nn.Linear(features, classes)).double()
+    model = nn.Sequential(nn.Linear(7, features), nn.Tanh(), ts.nn.ParallelLinear.from_linear(ref[2], dim=1)).double()
+    model[0].load_state_dict(ref[0].state_dict())
+    loss_fn = ts.nn.ParallelCrossEntropyLoss(label_smoothing=0.1)
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=0.5)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    torch.manual_seed(1)
+    for _ in range(4):
+        x, y = torch.randn(6, 7, dtype=torch.float64), torch.randint(0, classes, (6,))
+        opt_ref.zero_grad()
+        opt.zero_grad()
+        cross_entropy_reference(ref(x), y, label_smoothing=0.1).backward()
+        loss_fn(model(x), y).backward()
+        opt_ref.step()
+        opt.step()
+    assert_close(model[0].weight, ref[0].weight, torch.float64, "first layer after training")
+    assert_close(model[2].weight, shard_of(ref[2].weight, 0), torch.float64, "head after training")

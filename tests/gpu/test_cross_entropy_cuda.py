@@ -1,0 +1,122 @@
+"""The cross-entropy ops on CUDA (custom kernels, NCCL in a world-1 group)
+against the float64 reference; skipped where no GPU is present."""
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import shardtorch as ts
+from tests.reference import cross_entropy_reference
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or not ts.cuda_built,
+                                reason="needs a CUDA device and shardtorch built with CUDA")
+OPS = torch.ops.shard
+
+
+@pytest.fixture(scope="module", autouse=True)
+def world_of_one():
+    created = not dist.is_initialized()
+    if created:
+        fd, path = tempfile.mkstemp(prefix="shardtorch-ce-cuda-")
+        os.close(fd)
+        os.unlink(path)
+        dist.init_process_group("gloo", store=dist.FileStore(path, 1), rank=0, world_size=1)
+    ts.distributed.init_process_group(1)
+    yield
+    ts.distributed.destroy_process_group(keep_torch_distributed=not created)
+    if created and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+TOL = {torch.float64: 1e-10, torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("weighted,smoothing,z_loss", [(False, 0.0, 0.0), (True, 0.1, 1e-2)])
+def test_matches_reference(dtype, reduction, weighted, smoothing, z_loss):
+    torch.manual_seed(0)
+    rows, classes = 37, 1003  # more columns than threads per block, odd sizes
+    full = (torch.randn(rows, classes, dtype=torch.float64) * 3).cuda()
+    target = torch.randint(0, classes, (rows,)).cuda()
+    target[::5] = -100
+    weight = (torch.rand(classes, dtype=torch.float64) + 0.5).cuda() if weighted else None
+    x = full.to(dtype).clone().requires_grad_()
+    before = x.detach().clone()
+    loss = ts.nn.functional.parallel_cross_entropy(
+        x, target, None if weight is None else weight.to(dtype), -100, reduction, smoothing,
+        z_loss, parallel=True)
+    x_ref = full.to(dtype).double().requires_grad_()
+    ref = cross_entropy_reference(x_ref, target, weight, -100, reduction, smoothing, z_loss)
+    upstream = torch.randn_like(ref)
+    (loss.double() * upstream).sum().backward()
+    (ref * upstream).sum().backward()
+    assert torch.equal(x.detach(), before)
+    tol = TOL[dtype]
+    torch.testing.assert_close(loss.double(), ref, rtol=tol, atol=tol)
+    torch.testing.assert_close(x.grad.double(), x_ref.grad, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_fused_matches_linear_then_loss(dtype):
+    torch.manual_seed(1)
+    x = torch.randn(33, 16, dtype=dtype, device="cuda")
+    w = torch.randn(2001, 16, dtype=dtype, device="cuda")
+    b = torch.randn(2001, dtype=dtype, device="cuda")
+    target = torch.randint(0, 2001, (33,), device="cuda")
+    grads = []
+    for fused in (False, True):
+        args = [t.clone().requires_grad_() for t in (x, w, b)]
+        if fused:
+            loss = ts.nn.functional.parallel_linear_cross_entropy(*args, target, chunk_size=512,
+                                                                  label_smoothing=0.1)
+        else:
+            loss = ts.nn.functional.parallel_cross_entropy(
+                torch.nn.functional.linear(*args), target, label_smoothing=0.1, parallel=True)
+        loss.backward()
+        grads.append([loss.detach()] + [a.grad for a in args])
+    tol = TOL[dtype] * 10
+    for a, c in zip(*grads):
+        torch.testing.assert_close(a, c, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("amp_dtype", [torch.float16, torch.bfloat16])
+def test_autocast_runs_in_float32(amp_dtype):
+    torch.manual_seed(2)
+    head = torch.nn.Linear(16, 301).cuda()
+    x = torch.randn(8, 16, device="cuda")
+    target = torch.randint(0, 301, (8,), device="cuda")
+    reference = ts.nn.functional.parallel_cross_entropy(head(x), target, parallel=True)
+    with torch.autocast("cuda", dtype=amp_dtype):
+        loss = ts.nn.functional.parallel_cross_entropy(head(x), target, parallel=True)
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss, reference, rtol=2e-2, atol=2e-2)
+    scaler = torch.amp.GradScaler("cuda")
+    scaler.scale(loss).backward()
+    assert torch.isfinite(head.weight.grad).all()
+
+
+def test_out_of_range_target_raises():
+    logits = torch.randn(3, 5, device="cuda")
+    with pytest.raises(RuntimeError, match=r"target values must be in \[0, num_classes=5\)"):
+        OPS.parallel_cross_entropy(logits, torch.tensor([0, 5, 1], device="cuda"))
+
+
+def test_torch_compile_matches_eager():
+    torch._dynamo.reset()
+    logits = torch.randn(6, 300, device="cuda", dtype=torch.float64)
+    target = torch.randint(0, 300, (6,), device="cuda")
+
+    def fn(x):
+        return OPS.parallel_cross_entropy(x, target, None, -100, 0.1, 1e-3, 1, "tp")
+
+    outs = []
+    for f in (fn, torch.compile(fn, fullgraph=True, backend="aot_eager")):
+        x = logits.clone().requires_grad_()
+        y = f(x)
+        y.backward()
+        outs.append((y.detach(), x.grad))
+    torch.testing.assert_close(outs[0][0], outs[1][0])
+    torch.testing.assert_close(outs[0][1], outs[1][1])

@@ -1,0 +1,287 @@
+"""The cross-entropy ops in one process (a world-1 group): against the float64
+reference, opcheck, gradcheck, TorchScript, torch.compile, autocast, errors,
+and the fused loss's memory against the class count."""
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import shardtorch as ts
+from tests.reference import cross_entropy_reference
+
+OPS = torch.ops.shard
+REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def world_of_one():
+    created = not dist.is_initialized()
+    path = None
+    if created:
+        fd, path = tempfile.mkstemp(prefix="shardtorch-ce-")
+        os.close(fd)
+        os.unlink(path)
+        dist.init_process_group("gloo", store=dist.FileStore(path, 1), rank=0, world_size=1)
+    ts.distributed.init_process_group(1)
+    yield
+    ts.distributed.destroy_process_group(keep_torch_distributed=not created)
+    if created and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _inputs(rows=5, classes=7, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(rows, classes, dtype=dtype, generator=g)
+    target = torch.randint(0, classes, (rows,), generator=g)
+    weight = torch.rand(classes, dtype=dtype, generator=g) + 0.5
+    return logits, target, weight
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("smoothing,z_loss", [(0.0, 0.0), (0.2, 0.0), (0.1, 1e-2)])
+def test_matches_reference_float64(reduction, weighted, smoothing, z_loss):
+    logits, target, weight = _inputs(rows=6)
+    target[4] = 2  # the class id that is ignored below
+    w = weight if weighted else None
+    for ignore_index in (-100, 2):
+        target[1] = ignore_index
+        x = logits.clone().requires_grad_()
+        loss = ts.nn.functional.parallel_cross_entropy(x, target, w, ignore_index, reduction,
+                                                       smoothing, z_loss, parallel=True)
+        x_ref = logits.clone().requires_grad_()
+        ref = cross_entropy_reference(x_ref, target, w, ignore_index, reduction, smoothing, z_loss)
+        upstream = torch.randn_like(ref)
+        (loss * upstream).sum().backward()
+        (ref * upstream).sum().backward()
+        torch.testing.assert_close(loss, ref, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-10, atol=1e-10)
+
+
+def test_logits_are_not_modified_and_3d_shapes():
+    logits = torch.randn(2, 3, 5, dtype=torch.float64)
+    target = torch.randint(0, 5, (2, 3))
+    before = logits.clone()
+    x = logits.requires_grad_()
+    loss = OPS.parallel_cross_entropy(x, target, None, -100, 0.1, 0.0, 0, "tp")
+    assert loss.shape == (2, 3)
+    loss.sum().backward()
+    assert torch.equal(logits.detach(), before)
+    ref = cross_entropy_reference(before, target, reduction="none", label_smoothing=0.1)
+    torch.testing.assert_close(loss, ref, rtol=1e-10, atol=1e-10)
+
+
+def _opcheck_args():
+    logits, target, weight = _inputs(rows=4, classes=6)
+    target[0] = -100
+    return logits, target, weight
+
+
+def test_opcheck_parallel_cross_entropy():
+    logits, target, weight = _opcheck_args()
+    for w, reduction, eps, z in ((None, 1, 0.0, 0.0), (weight, 0, 0.1, 1e-3), (weight, 2, 0.3, 0.0)):
+        x = logits.clone().requires_grad_()
+        torch.library.opcheck(OPS.parallel_cross_entropy.default,
+                              (x, target, w, -100, eps, z, reduction, "tp", None))
+        torch.library.opcheck(OPS._parallel_cross_entropy_forward.default,
+                              (logits, target, w, -100, eps, z, reduction, "tp", 6))
+
+
+def test_opcheck_backward_ops():
+    logits, target, weight = _opcheck_args()
+    _, buffer, stats = OPS._parallel_cross_entropy_forward(logits, target, weight, -100, 0.1, 0.0,
+                                                           1, "tp", None)
+    torch.library.opcheck(OPS._parallel_cross_entropy_backward.default,
+                          (torch.tensor(1.0, dtype=torch.float64), buffer, stats, target, weight,
+                           -100, 0.1, 0.0, 1))
+    x = torch.randn(4, 3, dtype=torch.float64)
+    w = torch.randn(6, 3, dtype=torch.float64)
+    b = torch.randn(6, dtype=torch.float64)
+    _, stats = OPS._parallel_linear_cross_entropy_forward(x, w, b, target, None, -100, 0.0, 0.0, 1,
+                                                          4, "tp", None)
+    torch.library.opcheck(OPS._parallel_linear_cross_entropy_backward.default,
+                          (torch.tensor(1.0, dtype=torch.float64), x, w, b, stats, target, None,
+                           -100, 0.0, 0.0, 1, 4, "tp", [True, True, True]))
+
+
+def test_opcheck_parallel_linear_cross_entropy():
+    _, target, weight = _opcheck_args()
+    x = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(6, 3, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(6, dtype=torch.float64, requires_grad=True)
+    for cw, reduction, chunk in ((None, 1, 4), (weight, 0, 2), (weight, 2, 64)):
+        torch.library.opcheck(OPS.parallel_linear_cross_entropy.default,
+                              (x, w, b, target, cw, -100, 0.1, 1e-3, reduction, chunk, "tp", None))
+        torch.library.opcheck(OPS._parallel_linear_cross_entropy_forward.default,
+                              (x.detach(), w.detach(), b.detach(), target, cw, -100, 0.1, 1e-3,
+                               reduction, chunk, "tp", 6))
+
+
+@pytest.mark.parametrize("reduction", [0, 1, 2])
+def test_gradcheck(reduction):
+    logits, target, weight = _inputs(rows=3, classes=5)
+    target[2] = -100
+    x = logits.clone().requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda t: OPS.parallel_cross_entropy(t, target, weight, -100, 0.2, 1e-2, reduction, "tp"),
+        (x,))
+    inp = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda i, ww, bb: OPS.parallel_linear_cross_entropy(i, ww, bb, target, weight, -100, 0.2,
+                                                            1e-2, reduction, 2, "tp"),
+        (inp, w, b))
+
+
+def test_torchscript():
+    def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return torch.ops.shard.parallel_cross_entropy(logits, target, None, -100, 0.1, 0.0, 1, "tp")
+
+    def fused_fn(x: torch.Tensor, w: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return torch.ops.shard.parallel_linear_cross_entropy(x, w, None, target, None, -100, 0.0,
+                                                             0.0, 1, 4, "tp")
+
+    scripted, scripted_fused = torch.jit.script(loss_fn), torch.jit.script(fused_fn)
+    logits, target, _ = _inputs()
+    x = logits.clone().requires_grad_()
+    scripted(x, target).backward()
+    x_ref = logits.clone().requires_grad_()
+    cross_entropy_reference(x_ref, target, label_smoothing=0.1).backward()
+    torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-10, atol=1e-10)
+    inp = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(7, 3, dtype=torch.float64, requires_grad=True)
+    scripted_fused(inp, w, target).backward()
+    assert inp.grad is not None and w.grad is not None
+
+
+def test_torch_compile_matches_eager():
+    torch._dynamo.reset()
+    logits, target, weight = _inputs(rows=6, classes=9)
+    target[3] = -100
+
+    def step(x, inp, w, b):
+        plain = OPS.parallel_cross_entropy(x, target, weight, -100, 0.1, 1e-3, 1, "tp")
+        fused = OPS.parallel_linear_cross_entropy(inp, w, b, target, None, -100, 0.0, 0.0, 2, 4, "tp")
+        return plain + fused
+
+    inp0 = torch.randn(6, 4, dtype=torch.float64)
+    w0, b0 = torch.randn(9, 4, dtype=torch.float64), torch.randn(9, dtype=torch.float64)
+    results = []
+    for fn in (step, torch.compile(step, fullgraph=True, backend="aot_eager")):
+        args = [t.clone().requires_grad_() for t in (logits, inp0, w0, b0)]
+        out = fn(*args)
+        out.backward()
+        results.append((out.detach(), [a.grad for a in args]))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-12, atol=1e-12)
+    for eager_grad, compiled_grad in zip(results[0][1], results[1][1]):
+        torch.testing.assert_close(eager_grad, compiled_grad, rtol=1e-12, atol=1e-12)
+
+
+def test_autocast_bfloat16_matches_float32_and_gradscaler():
+    torch.manual_seed(3)
+    x = torch.randn(16, 8)
+    head = torch.nn.Linear(8, 11)
+    target = torch.randint(0, 11, (16,))
+    loss_fn = ts.nn.ParallelCrossEntropyLoss(label_smoothing=0.1, parallel=True)
+    reference = loss_fn(head(x), target)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = head(x)
+        assert logits.dtype == torch.bfloat16
+        loss = loss_fn(logits, target)
+        fused = ts.nn.functional.parallel_linear_cross_entropy(x, head.weight, head.bias, target,
+                                                                label_smoothing=0.1, chunk_size=4)
+    assert loss.dtype == torch.float32 and fused.dtype == torch.float32
+    torch.testing.assert_close(loss, reference, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(fused, reference, rtol=1e-5, atol=1e-5)
+    scaler = torch.amp.GradScaler("cpu")
+    opt = torch.optim.SGD(head.parameters(), lr=0.1)
+    scaler.scale(loss).backward()
+    assert head.weight.grad is not None and torch.isfinite(head.weight.grad).all()
+    scaler.step(opt)
+    scaler.update()
+
+
+def test_errors_name_op_argument_and_value():
+    logits, target, _ = _inputs()
+    bad = target.clone()
+    bad[2] = 7
+    with pytest.raises(RuntimeError, match=r"parallel_cross_entropy: target values must be in \[0, num_classes=7\).*got 7"):
+        OPS.parallel_cross_entropy(logits, bad)
+    with pytest.raises(RuntimeError, match="target must be int64, got Int"):
+        OPS.parallel_cross_entropy(logits, target.int())
+    with pytest.raises(RuntimeError, match="reduction must be 0 \\(none\\), 1 \\(mean\\) or 2 \\(sum\\), got 5"):
+        OPS.parallel_cross_entropy(logits, target, reduction=5)
+    with pytest.raises(RuntimeError, match="weight must hold this rank's 7 classes or all num_classes=7, got 3"):
+        OPS.parallel_cross_entropy(logits, target, torch.ones(3, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="must be rank 0's shard of num_classes=9"):
+        OPS.parallel_cross_entropy(logits, target, num_classes=9)
+    with pytest.raises(ValueError, match="reduction must be 'none', 'mean' or 'sum'"):
+        ts.nn.ParallelCrossEntropyLoss(reduction="avg")
+
+
+def test_unmarked_input_uses_plain_cross_entropy_and_marked_uses_the_op():
+    logits, target, _ = _inputs()
+    plain = ts.nn.ParallelCrossEntropyLoss(z_loss=1e-3)(logits, target)
+    torch.testing.assert_close(plain, cross_entropy_reference(logits, target, z_loss=1e-3))
+    marked = ts.utils.register_parallel_dim(logits.clone(), -1)
+    out = ts.nn.ParallelCrossEntropyLoss(z_loss=1e-3)(marked, target)
+    assert out.grad_fn is None or "ParallelCrossEntropy" in type(out.grad_fn).__name__
+    torch.testing.assert_close(out, plain, rtol=1e-10, atol=1e-10)
+
+
+def _peak_bytes_of(fn):
+    """Peak of live CPU bytes allocated while ``fn`` runs, from the profiler's
+    allocator events ([memory] records from c10's CPU allocator, which see the
+    allocations inside C++ ops too): the running sum of allocations minus frees,
+    in the order they happened. CPU torch has no allocator statistics, and a
+    TorchDispatchMode would miss the temporaries inside the op."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    # The raw allocator records: prof.events() folds those made inside an op
+    # into the op's net usage, which hides the op's own peak.
+    records = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                     if e.name() == "[memory]")
+    live = peak = 0
+    for _, nbytes in records:
+        live += nbytes
+        peak = max(peak, live)
+    return peak
+
+
+def test_fused_peak_memory_does_not_grow_with_classes():
+    torch.manual_seed(0)
+    rows, features, chunk = 64, 32, 256
+    x = torch.randn(rows, features, requires_grad=True)
+    target = torch.randint(0, 2048, (rows,))
+    fused, unfused = {}, {}
+    for classes in (2048, 16384):
+        w = torch.randn(classes, features, requires_grad=True)
+        b = torch.randn(classes, requires_grad=True)
+
+        def run_fused():
+            ts.nn.functional.parallel_linear_cross_entropy(x, w, b, target,
+                                                           chunk_size=chunk).backward()
+
+        def run_unfused():  # the control: logits [rows, classes] materialised
+            logits = ts.utils.register_parallel_dim(torch.addmm(b, x, w.t()), -1)
+            ts.nn.functional.parallel_cross_entropy(logits, target).backward()
+
+        for name, run, peaks in (("fused", run_fused, fused), ("unfused", run_unfused, unfused)):
+            run()  # warm up lazily allocated state
+            w.grad = b.grad = x.grad = None
+            # The parameter gradients are as large as the parameters and
+            # unavoidable; the rest is what the loss adds.
+            peaks[classes] = _peak_bytes_of(run) - (w.numel() + b.numel()) * w.element_size()
+            w.grad = b.grad = x.grad = None
+    growth_of_logits = rows * (16384 - 2048) * 4
+    # The measurement sees [rows, classes] tensors: the control grows by at
+    # least one logits-sized tensor...
+    assert unfused[16384] - unfused[2048] >= growth_of_logits, (fused, unfused)
+    # ...and the fused loss does not grow with the classes at all.
+    assert fused[2048] > 0, fused
+    assert fused[16384] <= fused[2048] + 64 * 1024, (fused, unfused)
