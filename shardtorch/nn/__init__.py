@@ -1,5 +1,5 @@
 """Parallel layers (``ts.nn``)."""
-from . import functional
+from . import functional, parallel
 from .linear import ParallelLinear
 
-__all__ = ["ParallelLinear", "functional"]
+__all__ = ["ParallelLinear", "functional", "parallel"]
