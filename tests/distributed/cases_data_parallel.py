@@ -19,6 +19,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.utils.data import DistributedSampler
 
 import shardtorch as ts
 from tests.reference import shard_of
@@ -114,14 +115,19 @@ def _global_batch(step: int, dtype):
     return x, y
 
 
-def _local_batch(layout: str, x, y):
-    """The rows this rank reads: its own (hybrid) or its group's (2d)."""
+def _local_batch(layout: str, x, y, step: int = 0):
+    """The rows this rank reads, as its sampler picks them: its own (torch's
+    DistributedSampler over the world, hybrid) or its group's
+    (DistributedGroupSampler, 2d). The losses are means, so the order in which
+    the rows are gathered does not matter."""
+    rows = range(x.shape[0])
     if layout == "hybrid":
-        rank, parts = dist.get_rank(), dist.get_world_size()
+        sampler = DistributedSampler(rows, shuffle=True, seed=11)
     else:
-        rank, parts = ts.distributed.get_data_parallel_rank(), ts.distributed.get_data_parallel_size()
-    rows = x.shape[0] // parts
-    return x[rank * rows:(rank + 1) * rows], y[rank * rows:(rank + 1) * rows]
+        sampler = ts.utils.data.DistributedGroupSampler(rows, shuffle=True, seed=11)
+    sampler.set_epoch(step)
+    mine = torch.tensor(list(sampler))
+    return x[mine], y[mine]
 
 
 def _make_optimizer(name: str, parameters, zero_group=None):
@@ -190,7 +196,7 @@ def _train_and_compare(layout: str, optimizer: str, dtype=torch.float64, steps: 
         opt_ref.step()
 
         opt.zero_grad()
-        x_local, y_local = _local_batch(layout, x, y)
+        x_local, y_local = _local_batch(layout, x, y, step)
         micro_x, micro_y = x_local.chunk(accumulate), y_local.chunk(accumulate)
         for i, (xm, ym) in enumerate(zip(micro_x, micro_y)):
             last = i == accumulate - 1
@@ -269,7 +275,10 @@ def case_hybrid_no_sync_keeps_sharded_gradients_local():
     with ddp.no_sync():
         _sharded_loss(ddp, "hybrid", x, y).backward()
     assert not peers_agree(), "sharded gradients were averaged inside no_sync"
-    _sharded_loss(ddp, "hybrid", x, y).backward()
+    loss = _sharded_loss(ddp, "hybrid", x, y)
+    with torch.no_grad():  # an evaluation forward in between must not cancel the sync, as in DDP
+        ddp(x)
+    loss.backward()
     assert peers_agree(), "sharded gradients not averaged after no_sync"
 
 

@@ -16,6 +16,8 @@ CASES = case_names(cases_data_parallel)
 # One report file per pytest process; ranks append one JSON line per training run.
 REPORT = os.path.join(tempfile.gettempdir(), f"shardtorch-data-parallel-{os.getpid()}.jsonl")
 ENV = {"SHARDTORCH_DTP_REPORT": REPORT}
+if os.path.exists(REPORT):  # a previous process with the same id
+    os.remove(REPORT)
 
 
 @pytest.mark.parametrize("group_size", [2, 4])

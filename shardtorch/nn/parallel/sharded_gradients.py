@@ -59,7 +59,10 @@ class ShardedGradientAverager:
         self._handles = []
 
     def _on_forward(self, ddp_module: nn.Module, args) -> None:
-        self._sync_next_backward = torch.is_grad_enabled() and ddp_module.require_backward_grad_sync
+        # As DDP: a forward without grad (an evaluation between a training
+        # forward and its backward) does not change what the backward does.
+        if torch.is_grad_enabled():
+            self._sync_next_backward = ddp_module.require_backward_grad_sync
 
     def _on_gradient_accumulated(self, parameter: nn.Parameter) -> None:
         if self._sync_next_backward and not self._callback_queued:
