@@ -9,11 +9,11 @@ import os as _os
 import torch as _torch
 
 from . import _core
-from . import distributed, nn, utils
+from . import distributed, nn, random, utils
 
 __version__ = _core._C.version
 cuda_built = _core.cuda_built
 #: Prefix for CMake's find_package(shardtorch) from C++ programs.
 cmake_prefix_path = _os.path.dirname(_os.path.abspath(__file__))
 
-__all__ = ["distributed", "nn", "utils", "cmake_prefix_path", "cuda_built", "__version__"]
+__all__ = ["distributed", "nn", "random", "utils", "cmake_prefix_path", "cuda_built", "__version__"]

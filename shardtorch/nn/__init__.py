@@ -1,7 +1,7 @@
 """Parallel layers (``ts.nn``)."""
-from . import functional
+from . import functional, parallel
 from .linear import ParallelLinear
 from .loss import ParallelCrossEntropyLoss, ParallelLinearCrossEntropyLoss
 
 __all__ = ["ParallelLinear", "ParallelCrossEntropyLoss", "ParallelLinearCrossEntropyLoss",
-           "functional"]
+           "functional", "parallel"]
