@@ -1,5 +1,6 @@
 """Parallel layers (``ts.nn``)."""
 from . import functional
+from .embedding import ParallelEmbedding
 from .linear import ParallelLinear
 
-__all__ = ["ParallelLinear", "functional"]
+__all__ = ["ParallelEmbedding", "ParallelLinear", "functional"]
