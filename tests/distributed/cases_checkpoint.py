@@ -238,3 +238,32 @@ def case_sharded_corrupt_checkpoints_are_named():
     bigger.head = ts.nn.ParallelLinear(7, 9, bias=False, dim=1)
     _expect_error(lambda: ts.load_sharded(bigger, os.path.join(base, "model")),
                   "'head.weight' has shape (7, 7)", "expects (9, 7)")
+
+
+# ------------------------------------------------------------------ a save killed midway
+def case_save_then_die_midway():
+    """Saves a good checkpoint, then starts another and dies (os._exit, no
+    cleanup, no exception handling) right after writing its shard file."""
+    path = _dir("killed")
+    ts.save_sharded(build(True, SAVED_SEED), path)
+    writer = sharded_format.write_atomically
+
+    def dies_after_shard_file(target, write):
+        writer(target, write)
+        if os.path.basename(target).startswith("rank-"):
+            os._exit(17)
+
+    sharded_format.write_atomically = dies_after_shard_file
+    ts.save_sharded(build(True, FRESH_SEED), path)
+
+
+def case_load_after_killed_save():
+    path = _dir("killed")
+    model = build(True, FRESH_SEED)
+    ts.load_sharded(model, path)
+    _check_model_is_saved_one(model, "the checkpoint before the killed save")
+    committed = os.path.basename(sharded_format.committed_version(path))
+    partial = [n for n in os.listdir(path) if n.startswith("version-") and n != committed]
+    assert len(partial) == 1, os.listdir(path)
+    _expect_error(lambda: ts.load_sharded(model, os.path.join(path, partial[0])),
+                  "has no index.json", "incomplete save")

@@ -36,3 +36,11 @@ def test_checkpoint_phase(checkpoint_dir, phase):
     results = launch(MODULE, world, group, cases=cases, env={"SHARDTORCH_CKPT_DIR": checkpoint_dir})
     failed = {case: error for case, error in results.items() if error is not None}
     assert not failed, "\n\n".join(f"{case}:\n{error}" for case, error in failed.items())
+
+
+def test_killed_save_leaves_previous_checkpoint(checkpoint_dir):
+    env = {"SHARDTORCH_CKPT_DIR": checkpoint_dir}
+    with pytest.raises(RuntimeError, match="exited with 17"):
+        launch(MODULE, 1, 1, cases=["case_save_then_die_midway"], env=env)
+    results = launch(MODULE, 2, 2, cases=["case_load_after_killed_save"], env=env)
+    assert results["case_load_after_killed_save"] is None, results["case_load_after_killed_save"]
