@@ -19,7 +19,8 @@ def collect_state_dict(model: torch.nn.Module, state_dict: dict,
         model: the sharded model (DDP-wrapped or not) that produced ``state_dict``.
         state_dict: its state dict (keys as ``model.state_dict()`` names them).
         dst: None: every rank receives the full state dict (each tensor-parallel
-            group gathers its own shards). A global rank: only ``dst`` receives
+            group gathers its own shards, every member holding the result plus
+            at most one shard in flight). A global rank: only ``dst`` receives
             it, gathered from the tensor-parallel group that contains ``dst``;
             ranks of other tensor-parallel groups (data-parallel replicas) take
             no part in the transfer. Ranks other than ``dst`` return None.
@@ -42,7 +43,7 @@ def collect_state_dict(model: torch.nn.Module, state_dict: dict,
                 result[key] = tensor
             continue
         if dst is None:
-            full = torch.ops.shard.gather(tensor, entry.dim, entry.group, entry.full_shape[entry.dim])
+            full = _gather_everywhere(tensor, entry)
         else:
             full = _gather_to(tensor, entry, dst)
         if receives:
@@ -50,6 +51,35 @@ def collect_state_dict(model: torch.nn.Module, state_dict: dict,
     if receives and hasattr(state_dict, "_metadata"):
         result._metadata = state_dict._metadata
     return result
+
+
+def _gather_everywhere(tensor: torch.Tensor, entry: EntryLayout) -> torch.Tensor:
+    """Every member of the group receives the full tensor, each shard broadcast
+    by its holder straight into its place (rows) or through one shard-sized
+    buffer (columns). Unlike the core's all-gather, which pads shards to equal
+    size and concatenates, nothing beyond the result and one shard is held."""
+    members = state.get_group_ranks(entry.group)
+    if len(members) == 1:
+        return tensor
+    process_group = state.get_group(entry.group)
+    rank = state.get_rank()
+    full = torch.empty(entry.full_shape, dtype=tensor.dtype, device=tensor.device)
+    for group_rank, peer in enumerate(members):
+        offset, length = entry.slice_of(group_rank)
+        if length == 0:
+            continue
+        target = full.narrow(entry.dim, offset, length)
+        if entry.dim == 0:
+            buffer = target
+            if peer == rank:
+                buffer.copy_(tensor)
+        else:
+            buffer = tensor.detach().contiguous() if peer == rank else torch.empty(
+                target.shape, dtype=tensor.dtype, device=tensor.device)
+        dist.broadcast(buffer, peer, group=process_group)
+        if buffer is not target:
+            target.copy_(buffer)
+    return full
 
 
 def _gather_to(tensor: torch.Tensor, entry: EntryLayout, dst: int) -> Optional[torch.Tensor]:

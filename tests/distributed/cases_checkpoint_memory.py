@@ -41,6 +41,8 @@ def case_peak_memory_of_collect_and_relocate():
     del everywhere
     with open(os.path.join(os.environ["SHARDTORCH_CKPT_DIR"], f"memory-rank{rank}.json"), "w") as f:
         json.dump(measured, f)
+    # With dst=None every rank holds the result and at most one shard in flight.
+    assert measured["collect_to_every_rank"] <= full_model + full_param + SLACK, measured
     if rank == 0:
         # dst holds the full state dict it returns, plus at most one full parameter in flight.
         assert measured["collect_to_dst0"] <= full_model + full_param + SLACK, measured

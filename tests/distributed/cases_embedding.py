@@ -190,3 +190,17 @@ def case_convert_parallel_linear_keeps_every_option():
         assert layer.training == training and converted.training == training, what
     meta = ts.nn.ParallelLinear.convert_parallel_linear(nn.Linear(3, 4, device="meta"), dim=1)
     assert meta.weight.device.type == "meta"
+
+
+def case_torchscript_matches_eager():
+    for dim in (0, 1):
+        _, layer = _pair(4 * _size() + 1, 3, dim, max_norm=0.9, padding_idx=2)
+        _, twin = _pair(4 * _size() + 1, 3, dim, max_norm=0.9, padding_idx=2)
+        scripted = torch.jit.script(twin)
+        tokens = torch.randint(0, layer.num_embeddings, (2, 5))
+        eager, script = layer(tokens), scripted(tokens)
+        assert torch.equal(eager, script)
+        eager.sum().backward()
+        script.sum().backward()
+        assert torch.equal(layer.weight.grad, twin.weight.grad)
+        assert torch.equal(layer.weight, twin.weight)  # renormalised alike
