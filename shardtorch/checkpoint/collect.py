@@ -1,0 +1,109 @@
+"""collect_state_dict: a sharded model's state dict as the unsharded model's."""
+from collections import OrderedDict
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from ..distributed import state
+from .layout import EntryLayout, model_layout
+
+
+def collect_state_dict(model: torch.nn.Module, state_dict: dict,
+                       dst: Optional[int] = None) -> Optional["OrderedDict[str, torch.Tensor]"]:
+    """Gathers the shards of ``state_dict`` (``model.state_dict()``) into the
+    full tensors of the unsharded model: same keys, same shapes, loadable into
+    the plain torch model.
+
+    Args:
+        model: the sharded model (DDP-wrapped or not) that produced ``state_dict``.
+        state_dict: its state dict (keys as ``model.state_dict()`` names them).
+        dst: None: every rank receives the full state dict (each tensor-parallel
+            group gathers its own shards, every member holding the result plus
+            at most one shard in flight). A global rank: only ``dst`` receives
+            it, gathered from the tensor-parallel group that contains ``dst``;
+            ranks of other tensor-parallel groups (data-parallel replicas) take
+            no part in the transfer. Ranks other than ``dst`` return None.
+
+    Collective: every rank of the world calls it. With ``dst`` given, ``dst``
+    holds the full state dict it returns plus at most one full tensor in
+    flight; the other ranks hold only their shards.
+    """
+    world = state.get_world_size()
+    if dst is not None and not (isinstance(dst, int) and 0 <= dst < world):
+        raise ValueError(f"collect_state_dict: dst must be None or a global rank in [0, {world}), got {dst!r}")
+    layout = model_layout(model, state_dict)
+    rank = state.get_rank()
+    receives = dst is None or rank == dst
+    result = OrderedDict() if receives else None
+    for key, tensor in state_dict.items():
+        entry = layout[key]
+        if not entry.sharded:
+            if receives:
+                result[key] = tensor
+            continue
+        if dst is None:
+            full = _gather_everywhere(tensor, entry)
+        else:
+            full = _gather_to(tensor, entry, dst)
+        if receives:
+            result[key] = full
+    if receives and hasattr(state_dict, "_metadata"):
+        result._metadata = state_dict._metadata
+    return result
+
+
+def _gather_everywhere(tensor: torch.Tensor, entry: EntryLayout) -> torch.Tensor:
+    """Every member of the group receives the full tensor, each shard broadcast
+    by its holder straight into its place (rows) or through one shard-sized
+    buffer (columns). Unlike the core's all-gather, which pads shards to equal
+    size and concatenates, nothing beyond the result and one shard is held."""
+    members = state.get_group_ranks(entry.group)
+    if len(members) == 1:
+        return tensor
+    process_group = state.get_group(entry.group)
+    rank = state.get_rank()
+    full = torch.empty(entry.full_shape, dtype=tensor.dtype, device=tensor.device)
+    for group_rank, peer in enumerate(members):
+        offset, length = entry.slice_of(group_rank)
+        if length == 0:
+            continue
+        target = full.narrow(entry.dim, offset, length)
+        if entry.dim == 0:
+            buffer = target
+            if peer == rank:
+                buffer.copy_(tensor)
+        else:
+            buffer = tensor.detach().contiguous() if peer == rank else torch.empty(
+                target.shape, dtype=tensor.dtype, device=tensor.device)
+        dist.broadcast(buffer, peer, group=process_group)
+        if buffer is not target:
+            target.copy_(buffer)
+    return full
+
+
+def _gather_to(tensor: torch.Tensor, entry: EntryLayout, dst: int) -> Optional[torch.Tensor]:
+    """Point-to-point gather of one entry to global rank ``dst`` (None elsewhere)."""
+    members = state.get_group_ranks(entry.group)
+    if dst not in members:
+        return None  # another tensor-parallel group serves dst
+    rank = state.get_rank()
+    if rank != dst:
+        if tensor.numel() > 0:  # an empty shard has nothing to send
+            dist.send(tensor.detach().contiguous(), dst)
+        return None
+    full = torch.empty(entry.full_shape, dtype=tensor.dtype, device=tensor.device)
+    for group_rank, peer in enumerate(members):
+        offset, length = entry.slice_of(group_rank)
+        target = full.narrow(entry.dim, offset, length)
+        if peer == rank:
+            target.copy_(tensor)
+        elif target.numel() == 0:
+            continue
+        elif entry.dim == 0:
+            dist.recv(target, peer)  # rows of a contiguous tensor: receive in place
+        else:
+            buffer = torch.empty(target.shape, dtype=tensor.dtype, device=tensor.device)
+            dist.recv(buffer, peer)
+            target.copy_(buffer)
+    return full

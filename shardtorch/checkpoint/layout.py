@@ -1,0 +1,109 @@
+"""Where each state-dict entry of a model lives: sharded (which dimension, over
+which group, the full shape and every rank's slice) or replicated.
+
+A parameter is sharded when it carries ``parallel_dim`` (TorchShard's mark,
+set by the parallel layers); its group is the ``group`` attribute of the module
+that owns it ("tp" by default). Full sizes are not guessed from the local
+shape (a shard of 2 rows may come from 7 rows over 4 ranks or 8 over 4): the
+group's members exchange their local sizes, one small all-gather per group for
+all entries at once, and the sizes are checked against the split rule.
+"""
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from .. import _C
+from ..distributed import state
+from ..utils.parallel_dim import get_parallel_dim
+
+
+@dataclass(frozen=True)
+class EntryLayout:
+    """One state-dict entry as this rank holds it."""
+    key: str
+    local_shape: Tuple[int, ...]
+    full_shape: Tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+    dim: Optional[int] = None            # split dimension; None: replicated
+    group: Optional[str] = None          # shardtorch group name
+    group_rank: int = 0
+    group_size: int = 1
+
+    @property
+    def sharded(self) -> bool:
+        return self.dim is not None
+
+    def slice_of(self, group_rank: int) -> Tuple[int, int]:
+        """(offset, length) along ``dim`` held by ``group_rank``."""
+        total = self.full_shape[self.dim]
+        return (_C.shard_offset(total, self.group_size, group_rank),
+                _C.shard_size(total, self.group_size, group_rank))
+
+
+def _sharded_entries(model: torch.nn.Module) -> Dict[str, Tuple[int, str]]:
+    """{state-dict key: (split dim, group)} for every parameter marked sharded."""
+    found = {}
+    for prefix, module in model.named_modules(remove_duplicate=False):
+        group = getattr(module, "group", None)
+        group = group if isinstance(group, str) else state.TENSOR_PARALLEL
+        for name, param in module.named_parameters(recurse=False):
+            dim = get_parallel_dim(param)
+            if dim is not None:
+                found[f"{prefix}.{name}" if prefix else name] = (dim % param.dim(), group)
+    return found
+
+
+def model_layout(model: torch.nn.Module, state_dict: Optional[dict] = None) -> Dict[str, EntryLayout]:
+    """The layout of every entry of ``state_dict`` (default: the model's own).
+
+    Collective over every group that holds sharded entries: every rank of the
+    world must call it with the same model structure.
+    """
+    if state_dict is None:
+        state_dict = model.state_dict()
+    sharded = _sharded_entries(model)
+    by_group: Dict[str, List[str]] = {}
+    for key, (_, group) in sharded.items():
+        if key in state_dict:
+            by_group.setdefault(group, []).append(key)
+    full_sizes = {}
+    # Every rank walks the groups in the same (sorted) order.
+    for group, keys in sorted(by_group.items()):
+        full_sizes.update(_exchange_full_sizes(state_dict, keys, {k: sharded[k][0] for k in keys}, group))
+    layout = {}
+    for key, tensor in state_dict.items():
+        shape = tuple(tensor.shape)
+        if key in full_sizes:
+            dim, group = sharded[key]
+            full = list(shape)
+            full[dim] = full_sizes[key]
+            layout[key] = EntryLayout(key, shape, tuple(full), tensor.dtype, tensor.device, dim, group,
+                                      state.get_group_rank(group), state.get_group_size(group))
+        else:
+            layout[key] = EntryLayout(key, shape, shape, tensor.dtype, tensor.device)
+    return layout
+
+
+def _exchange_full_sizes(state_dict, keys: List[str], dims: Dict[str, int], group: str) -> Dict[str, int]:
+    size = state.get_group_size(group)
+    local = torch.tensor([state_dict[k].shape[dims[k]] for k in keys], dtype=torch.int64)
+    if size == 1:
+        return {k: int(n) for k, n in zip(keys, local)}
+    everyone = [torch.empty_like(local) for _ in range(size)]
+    # The group's CPU process group is Gloo (shardtorch registers one for every group).
+    dist.all_gather(everyone, local, group=state.get_group(group))
+    sizes = torch.stack(everyone)  # [group rank, entry]
+    result = {}
+    for column, key in enumerate(keys):
+        per_rank = [int(n) for n in sizes[:, column]]
+        total = sum(per_rank)
+        if per_rank != list(_C.shard_sizes(total, size)):
+            raise RuntimeError(
+                f"state dict entry {key!r}: shard sizes along dim {dims[key]} over group {group!r} "
+                f"are {per_rank}, which break the split rule for a total of {total} "
+                f"(expected {list(_C.shard_sizes(total, size))})")
+        result[key] = total
+    return result

@@ -1,0 +1,138 @@
+"""save_sharded: every rank writes its own shards; no rank ever holds more
+than its own shards (for models too big to gather on one rank)."""
+import os
+import shutil
+from typing import Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+
+from ..distributed import state
+from . import sharded_format as fmt
+from .layout import EntryLayout, model_layout
+
+
+class SaveFailedError(RuntimeError):
+    """A rank could not write its part; the save was not committed."""
+
+
+def save_sharded(model: torch.nn.Module, path: str, state_dict: Optional[dict] = None) -> str:
+    """Writes a sharded checkpoint of ``model`` (or of ``state_dict``, one of
+    its state dicts) under the directory ``path``; returns the version written.
+
+    Collective: every rank of the world calls it with the same ``path`` on a
+    file system all ranks share. The ranks of the first tensor-parallel group
+    write one file each with their shards; global rank 0 also writes the
+    replicated entries (data-parallel replicas hold the same values and write
+    nothing). The save commits (rank 0 writes the index, then ``LATEST``) only
+    after every rank has reported its file complete, so a failure anywhere,
+    reported or a crash, leaves the previous checkpoint at ``path`` the one
+    that loads. A rank that fails makes every rank raise SaveFailedError. Older
+    versions are removed once the new one is committed.
+    """
+    state_dict = model.state_dict() if state_dict is None else state_dict
+    layout = model_layout(model, state_dict)
+    rank = state.get_rank()
+    version = _agree_on_version()
+    directory = os.path.join(path, version)
+    file_name = fmt.rank_file_name(rank)
+    report = {"rank": rank, "error": None, "file": None, "records": []}
+    try:
+        os.makedirs(directory, exist_ok=True)
+        mine, report["records"] = _entries_this_rank_writes(state_dict, layout, file_name)
+        if mine:
+            fmt.write_atomically(os.path.join(directory, file_name), lambda f: torch.save(mine, f))
+            report["file"] = {"name": file_name,
+                              "bytes": os.path.getsize(os.path.join(directory, file_name))}
+    except Exception as e:  # noqa: BLE001 - reported to every rank below, then raised
+        report["error"] = f"{type(e).__name__}: {e}"
+    reports = _all_gather_objects(report)
+    failures = [r for r in reports if r["error"]]
+    if failures:
+        if rank == 0:
+            shutil.rmtree(directory, ignore_errors=True)
+        raise SaveFailedError("save_sharded: not committed, the previous checkpoint at "
+                              f"{path!r} is unchanged; " +
+                              "; ".join(f"rank {r['rank']} failed: {r['error']}" for r in failures))
+    commit_error = None
+    if rank == 0:
+        try:
+            _commit(path, directory, version, _index(layout, reports))
+        except Exception as e:  # noqa: BLE001 - every rank raises it below
+            commit_error = f"save_sharded: committing {directory} failed: {type(e).__name__}: {e}"
+    box = [commit_error]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(box, src=0)
+    if box[0]:
+        raise SaveFailedError(box[0])
+    return version
+
+
+def _agree_on_version() -> str:
+    box = [fmt.new_version_name()]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _all_gather_objects(value) -> List:
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return [value]
+    values = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
+
+
+def _writes_shards() -> bool:
+    """Ranks of the first tensor-parallel group write the sharded entries."""
+    groups = state._require("save_sharded").topology.tensor_parallel_groups()
+    return state.get_rank() in groups[0]
+
+
+def _entries_this_rank_writes(state_dict, layout: Dict[str, EntryLayout], file_name: str):
+    mine, records = {}, []
+    writes_shards = _writes_shards()
+    for key, tensor in state_dict.items():
+        entry = layout[key]
+        if entry.sharded and entry.group not in (state.TENSOR_PARALLEL, state.WORLD):
+            raise NotImplementedError(f"save_sharded: entry {key!r} is sharded over group "
+                                      f"{entry.group!r}; only 'tp' and 'world' are supported")
+        if entry.sharded and (writes_shards or entry.group == state.WORLD):
+            offsets = [0] * len(entry.full_shape)
+            offsets[entry.dim] = entry.slice_of(entry.group_rank)[0]
+        elif not entry.sharded and state.get_rank() == 0:
+            offsets = [0] * len(entry.full_shape)
+        else:
+            continue
+        tensor = tensor.detach()
+        if tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size():
+            tensor = tensor.clone()  # torch.save writes whole storages: keep only the shard's bytes
+        mine[key] = tensor
+        records.append({"key": key, "file": file_name, "offsets": offsets,
+                        "shape": list(tensor.shape)})
+    return mine, records
+
+
+def _index(layout: Dict[str, EntryLayout], reports) -> dict:
+    entries = {key: {"shape": list(e.full_shape), "dtype": str(e.dtype).replace("torch.", ""),
+                     "dim": e.dim, "group_size": e.group_size, "shards": []}
+               for key, e in layout.items()}
+    files = {}
+    for report in reports:
+        if report["file"]:
+            files[report["file"]["name"]] = {"bytes": report["file"]["bytes"], "rank": report["rank"]}
+        for record in report["records"]:
+            entries[record["key"]]["shards"].append(
+                {"file": record["file"], "offsets": record["offsets"], "shape": record["shape"]})
+    return {"format": fmt.FORMAT, "format_version": fmt.FORMAT_VERSION,
+            "tensor_parallel_size": state.get_group_size(state.TENSOR_PARALLEL),
+            "world_size": state.get_world_size(), "files": files, "entries": entries}
+
+
+def _commit(path: str, directory: str, version: str, index: dict) -> None:
+    fmt.write_json_atomically(os.path.join(directory, fmt.INDEX), index)
+    # The commit point: from here on, loads read the new version.
+    fmt.write_atomically(os.path.join(path, fmt.LATEST), lambda f: f.write(version.encode()))
+    for name in os.listdir(path):
+        if name.startswith(fmt.VERSION_PREFIX) and name != version:
+            shutil.rmtree(os.path.join(path, name), ignore_errors=True)

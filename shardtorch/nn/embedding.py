@@ -1,0 +1,154 @@
+"""ParallelEmbedding: torch.nn.Embedding with its table split over a
+tensor-parallel group, over the op torch.ops.shard.parallel_embedding."""
+from typing import Optional
+
+import torch
+from torch import nn
+
+from .. import _C, _core  # noqa: F401  (registers the ops)
+from ..distributed import state
+from ..utils.parallel_dim import register_parallel_dim
+from .embedding_init import init_embedding_shard_
+
+
+class ParallelEmbedding(nn.Module):
+    """A lookup table split over the tensor-parallel group.
+
+    Args:
+        num_embeddings, embedding_dim, padding_idx, max_norm, norm_type,
+        scale_grad_by_freq, sparse, device, dtype: as torch.nn.Embedding, and
+            honoured exactly as it does.
+        dim: 0: vocabulary-parallel, each rank holds a slice of the rows;
+            indices of other ranks' rows look up zeros and the group sums its
+            outputs. 1: embedding-dim-parallel, each rank holds a slice of the
+            columns; the output is gathered on its last dim. Either way every
+            rank returns the whole [*, embedding_dim] output, as
+            torch.nn.Embedding does (so it feeds any layer, sharded or not).
+        group: name of the shardtorch group to split over (default "tp").
+
+    A new layer holds exactly the slice of the table torch.nn.Embedding draws
+    under the same torch.manual_seed on the CPU (see shardtorch.nn.embedding_init).
+    With ``max_norm`` the referenced rows are renormalised in place before the
+    lookup; for dim=1 a row's norm spans all shards and is combined over the group.
+    """
+
+    __constants__ = ["num_embeddings", "embedding_dim", "padding_idx", "max_norm", "norm_type",
+                     "scale_grad_by_freq", "sparse", "dim", "group"]
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: Optional[int] = None,
+                 max_norm: Optional[float] = None, norm_type: float = 2.0,
+                 scale_grad_by_freq: bool = False, sparse: bool = False, dim: int = 0,
+                 device=None, dtype=None, group: str = state.TENSOR_PARALLEL,
+                 _initialize: bool = True) -> None:
+        super().__init__()
+        if dim not in (0, 1) or isinstance(dim, bool):
+            raise ValueError(f"ParallelEmbedding: dim must be 0 (vocabulary-parallel) or 1 "
+                             f"(embedding-dim-parallel), got {dim!r}")
+        for name, value in (("num_embeddings", num_embeddings), ("embedding_dim", embedding_dim)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"ParallelEmbedding: {name} must be a non-negative int, got {value!r}")
+        if padding_idx is not None:
+            if not -num_embeddings <= padding_idx < num_embeddings:
+                raise ValueError(f"ParallelEmbedding: padding_idx must be within num_embeddings = "
+                                 f"{num_embeddings} (in [{-num_embeddings}, {num_embeddings})), "
+                                 f"got {padding_idx}")
+            padding_idx = padding_idx % num_embeddings  # as torch.nn.Embedding normalises it
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        self.padding_idx, self.max_norm, self.norm_type = padding_idx, max_norm, norm_type
+        self.scale_grad_by_freq, self.sparse, self.dim, self.group = scale_grad_by_freq, sparse, dim, group
+        size, rank = state.get_group_size(group), state.get_group_rank(group)
+        self.group_rank, self.group_size = rank, size
+        self._row_range, self._col_range = (0, num_embeddings), (0, embedding_dim)
+        split = _shard_range(num_embeddings if dim == 0 else embedding_dim, size, rank)
+        if dim == 0:
+            self._row_range = split
+        else:
+            self._col_range = split
+        shape = (self._row_range[1] - self._row_range[0], self._col_range[1] - self._col_range[0])
+        self.weight = nn.Parameter(torch.empty(shape, device=device, dtype=dtype))
+        register_parallel_dim(self.weight, dim)  # the dimension of the full table it was cut along
+        if _initialize:
+            self.reset_parameters()
+
+    @property
+    def _full_size(self) -> int:
+        return self.num_embeddings if self.dim == 0 else self.embedding_dim
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Draws this rank's slice of torch.nn.Embedding's initialisation."""
+        if self.weight.device.type == "meta":
+            return
+        target = self.weight if self.weight.device.type == "cpu" else torch.empty(
+            self.weight.shape, dtype=self.weight.dtype)
+        init_embedding_shard_(target, self.num_embeddings, self.embedding_dim, self._row_range,
+                              self._col_range, self.padding_idx)
+        if target is not self.weight:
+            self.weight.copy_(target)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if not torch.jit.is_scripting() and not torch.compiler.is_compiling():
+            self._check_indices(input)
+        if self.max_norm is not None:
+            with torch.no_grad():
+                torch.ops.shard.parallel_embedding_renorm_(self.weight, input, self.max_norm,
+                                                           self.norm_type, self.dim, self._full_size,
+                                                           self.group)
+        return torch.ops.shard.parallel_embedding(input, self.weight, self.padding_idx, self.dim,
+                                                  self._full_size, self.scale_grad_by_freq,
+                                                  self.sparse, self.group)
+
+    @torch.jit.unused
+    def _check_indices(self, input: torch.Tensor) -> None:
+        # A vocabulary-parallel lookup would silently return zeros for an index
+        # past the table: check it as torch.nn.Embedding does. Only for CPU
+        # inputs, where the check costs no device synchronisation.
+        if input.device.type == "cpu" and input.numel() > 0:
+            low, high = int(input.min()), int(input.max())
+            if low < 0 or high >= self.num_embeddings:
+                raise IndexError(f"ParallelEmbedding: indices must be in [0, num_embeddings = "
+                                 f"{self.num_embeddings}), got values in [{low}, {high}]")
+
+    def extra_repr(self) -> str:
+        text = f"{self.num_embeddings}, {self.embedding_dim}, dim={self.dim}, group={self.group!r}"
+        for name, default in (("padding_idx", None), ("max_norm", None), ("norm_type", 2.0),
+                              ("scale_grad_by_freq", False), ("sparse", False)):
+            if getattr(self, name) != default:
+                text += f", {name}={getattr(self, name)}"
+        return text + f", shard={tuple(self.weight.shape)}"
+
+    @classmethod
+    def from_embedding(cls, embedding: nn.Embedding, dim: int,
+                       group: str = state.TENSOR_PARALLEL) -> "ParallelEmbedding":
+        """A ParallelEmbedding holding this rank's slice of ``embedding``'s
+        table, with every option of ``embedding`` (and its requires_grad and
+        training mode)."""
+        layer = cls(embedding.num_embeddings, embedding.embedding_dim, embedding.padding_idx,
+                    embedding.max_norm, embedding.norm_type, embedding.scale_grad_by_freq,
+                    embedding.sparse, dim=dim, device=embedding.weight.device,
+                    dtype=embedding.weight.dtype, group=group, _initialize=False)
+        with torch.no_grad():
+            (r0, r1), (c0, c1) = layer._row_range, layer._col_range
+            layer.weight.copy_(embedding.weight[r0:r1, c0:c1])
+        layer.weight.requires_grad_(embedding.weight.requires_grad)
+        layer.train(embedding.training)
+        return layer
+
+    @classmethod
+    def convert_parallel_embedding(cls, module: nn.Module, dim: int,
+                                   group: str = state.TENSOR_PARALLEL) -> nn.Module:
+        """Replaces every torch.nn.Embedding in ``module`` (nested ones too, and
+        ``module`` itself) by a ParallelEmbedding keeping its trained weights
+        and options."""
+        if isinstance(module, nn.Embedding):
+            return cls.from_embedding(module, dim, group)
+        for name, child in module.named_children():
+            if isinstance(child, ParallelEmbedding):
+                continue
+            setattr(module, name, cls.convert_parallel_embedding(child, dim, group))
+        return module
+
+
+def _shard_range(total: int, size: int, rank: int):
+    offset = _C.shard_offset(total, size, rank)
+    return offset, offset + _C.shard_size(total, size, rank)
