@@ -132,6 +132,30 @@ class SmallCNN(nn.Module):
         return self.body(x)
 
 
+class ShardedClassifier(nn.Module):
+    """Backbone, then (hybrid layout) the batch gathered over the tensor-parallel
+    group, then the column-parallel head and the parallel loss. One module, so
+    that one DDP wrapper manages every parameter the way its layout needs."""
+
+    def __init__(self, backbone, head, gather_batch, fused_loss):
+        super().__init__()
+        self.backbone, self.head = backbone, head
+        self.gather_batch, self.fused_loss = gather_batch, fused_loss
+        self.criterion = ts.nn.ParallelCrossEntropyLoss(parallel=True)
+
+    def forward(self, images, labels):
+        features = self.backbone(images)
+        if self.gather_batch:  # TorchShard's recipe: gather the batch before the sharded head
+            features = ts.distributed.gather(features, dim=0)
+            labels = ts.distributed.gather(labels, dim=0)
+        if self.fused_loss:  # classifier + loss chunk by chunk: the logits never exist whole
+            loss = ts.nn.functional.parallel_linear_cross_entropy(features, self.head.weight, self.head.bias,
+                                                                  labels)
+            return loss, features.detach(), labels
+        logits = self.head(features)
+        return self.criterion(logits, labels), logits.detach(), labels
+
+
 def make_backbone(kind, features):
     if kind == "resnet18":
         import torchvision
@@ -225,12 +249,9 @@ def main(argv=None):
     backbone = make_backbone(args.backbone, args.features).to(device)
     head = ts.nn.ParallelLinear(args.features, num_classes, dim=1, device=device)
     model_parts = {"backbone": backbone, "head": head}
-    if args.layout == "hybrid":
-        ddp_backbone = nn.parallel.DistributedDataParallel(backbone)
-        head_module = ts.nn.parallel.DistributedDataParallel(head, layout="hybrid")
-    else:
-        ddp_backbone = ts.nn.parallel.DistributedDataParallel(backbone, layout="2d")
-        head_module = ts.nn.parallel.DistributedDataParallel(head, layout="2d")
+    model = ts.nn.parallel.DistributedDataParallel(
+        ShardedClassifier(backbone, head, gather_batch=args.layout == "hybrid", fused_loss=args.fused_loss),
+        layout=args.layout)
     params = list(backbone.parameters()) + list(head.parameters())
     if args.zero:
         from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -241,7 +262,6 @@ def main(argv=None):
         optimizer = torch.optim.SGD(params, lr=args.lr, momentum=args.momentum)
     amp_dtype = torch.bfloat16 if device.type == "cpu" else torch.float16
     scaler = torch.amp.GradScaler("cuda") if args.amp and device.type == "cuda" else None
-    criterion = ts.nn.ParallelCrossEntropyLoss(parallel=True)
 
     start_step = load_checkpoint(args.resume, model_parts, optimizer, scaler) if args.resume else 0
 
@@ -250,16 +270,7 @@ def main(argv=None):
         images, labels = images.to(device), labels.to(device)
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast(device.type, dtype=amp_dtype, enabled=args.amp):
-            features = ddp_backbone(images)
-            if args.layout == "hybrid":  # TorchShard's recipe: gather the batch before the sharded head
-                features = ts.distributed.gather(features, dim=0)
-                labels = ts.distributed.gather(labels, dim=0)
-            if args.fused_loss:
-                loss = ts.nn.functional.parallel_linear_cross_entropy(features, head.weight, head.bias, labels)
-                logits = None
-            else:
-                logits = head_module(features)
-                loss = criterion(logits, labels)
+            loss, logits, labels = model(images, labels)
         (scaler.scale(loss) if scaler else loss).backward()
         if scaler:
             scaler.step(optimizer)
@@ -267,8 +278,8 @@ def main(argv=None):
         else:
             optimizer.step()
         with torch.no_grad():
-            if logits is None:
-                logits = head(features.detach())
+            if args.fused_loss:  # the logits were never materialised: compute them for accuracy only
+                logits = head(logits)
             correct = parallel_top1_correct(logits.float(), labels, head._out_range[0])
         return loss.item(), correct, labels.numel()
 
