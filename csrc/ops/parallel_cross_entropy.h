@@ -12,7 +12,8 @@
 //                 float32, float16 or bfloat16. Never modified.
 //   target        [*] int64 global class indices, identical on every rank.
 //                 A value outside [0, num_classes) that is not ignore_index
-//                 raises on every rank before any communication.
+//                 raises on every rank before the statistics are exchanged
+//                 (on CUDA this check reads one flag on the host).
 //   weight        class weights: this rank's shard [local_classes] or all of
 //                 them [num_classes].
 //   reduction     at::Reduction: 0 none (loss shaped like target), 1 mean
@@ -25,6 +26,9 @@
 //                 denominator as the cross-entropy.
 //   num_classes   total classes when the caller knows them (saves one tiny
 //                 collective); checked against the split rule.
+//
+// A check that only one rank can fail (its shard size, its weight's size) is
+// carried in the gathered statistics, so every rank raises, none hangs.
 //
 // Communication: forward, one all-gather of packed per-row statistics
 // [max, sum-exp, target logit, weighted logit sum, target weight] (plus one
