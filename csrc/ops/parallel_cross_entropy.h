@@ -41,7 +41,7 @@
 //     logits_buffer: an op-owned copy of the logits as [rows, local_classes],
 //     written by the same pass that reads them, which backward turns into the
 //     gradient in place. row_stats: float64 [rows + 1, 4], per row
-//     (lse, target weight, not-ignored, 0) and a last row
+//     (lse, target weight, not-ignored, unreduced loss) and a last row
 //     (num_classes, class offset, sum of class weights, mean denominator).
 //   _parallel_cross_entropy_backward(grad_loss, Tensor(a!) logits_buffer,
 //     row_stats, target, weight, ignore_index, label_smoothing, z_loss,
