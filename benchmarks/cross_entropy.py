@@ -8,7 +8,8 @@
   unsharded              F.cross_entropy on the whole logits (every rank)
 
 Per rank: median step time (forward + backward) and the peak of bytes
-allocated during the step beyond its inputs (CPU allocator events from
+allocated during the step beyond its inputs (gradients included: for the
+linear variants that is the weight gradient, [local_classes, hidden]) (CPU allocator events from
 torch.profiler, see _peak_extra_bytes), plus a sweep of that peak against the
 class count at the largest batch.
 
@@ -65,36 +66,43 @@ def _methods(batch, classes, hidden):
     w = torch.randn(local, hidden) * 0.05
     mesh = init_device_mesh("cpu", (size,))
 
+    # Inputs are leaves made once, outside the measured steps, so that a step
+    # counts only what the loss itself allocates (gradients included).
+    shard_leaf = shard.clone().requires_grad_()
+    x_leaf, w_leaf = x.clone().requires_grad_(), w.clone().requires_grad_()
+    full = torch.randn(batch, classes) if batch * classes <= 2 ** 28 else None
+    full_leaf = full.requires_grad_() if full is not None else None
+
+    def reset(*leaves):
+        for leaf in leaves:
+            leaf.grad = None
+
     def st_ce():
-        logits = shard.clone().requires_grad_()  # a fresh leaf, as a head's output would be
-        torch.ops.shard.parallel_cross_entropy(logits, target, None, -100, 0.0, 0.0, 1, "tp",
+        torch.ops.shard.parallel_cross_entropy(shard_leaf, target, None, -100, 0.0, 0.0, 1, "tp",
                                                classes).backward()
+        reset(shard_leaf)
 
     def st_linear_ce():
-        xx, ww = x.clone().requires_grad_(), w.clone().requires_grad_()
-        logits = torch.ops.shard.parallel_linear(xx, ww, None, 1, "tp")
+        logits = torch.ops.shard.parallel_linear(x_leaf, w_leaf, None, 1, "tp")
         torch.ops.shard.parallel_cross_entropy(logits, target, None, -100, 0.0, 0.0, 1, "tp",
                                                classes).backward()
+        reset(x_leaf, w_leaf)
 
     def st_fused():
-        xx, ww = x.clone().requires_grad_(), w.clone().requires_grad_()
-        torch.ops.shard.parallel_linear_cross_entropy(xx, ww, None, target, None, -100, 0.0, 0.0,
-                                                      1, 4096, "tp", classes).backward()
+        torch.ops.shard.parallel_linear_cross_entropy(x_leaf, w_leaf, None, target, None, -100,
+                                                      0.0, 0.0, 1, 4096, "tp", classes).backward()
+        reset(x_leaf, w_leaf)
 
     def dtensor_loss_parallel():
-        logits = shard.clone().requires_grad_()
-        dt = DTensor.from_local(logits, mesh, [Shard(1)], run_check=False,
-                                shape=torch.Size([batch, classes]),
-                                stride=(classes, 1))
+        dt = DTensor.from_local(shard_leaf, mesh, [Shard(1)], run_check=False,
+                                shape=torch.Size([batch, classes]), stride=(classes, 1))
         with loss_parallel():
-            loss = F.cross_entropy(dt, target)
-            loss.backward()
-
-    full = torch.randn(batch, classes) if batch * classes <= 2 ** 28 else None
+            F.cross_entropy(dt, target).backward()
+        reset(shard_leaf)
 
     def unsharded():
-        logits = full.clone().requires_grad_()
-        F.cross_entropy(logits, target).backward()
+        F.cross_entropy(full_leaf, target).backward()
+        reset(full_leaf)
 
     del offset
     methods = {"shardtorch CE": st_ce, "shardtorch linear+CE": st_linear_ce,

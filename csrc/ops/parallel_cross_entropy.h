@@ -12,7 +12,8 @@
 //                 float32, float16 or bfloat16. Never modified.
 //   target        [*] int64 global class indices, identical on every rank.
 //                 A value outside [0, num_classes) that is not ignore_index
-//                 raises on every rank before any communication.
+//                 raises on every rank before the statistics are exchanged
+//                 (on CUDA this check reads one flag on the host).
 //   weight        class weights: this rank's shard [local_classes] or all of
 //                 them [num_classes].
 //   reduction     at::Reduction: 0 none (loss shaped like target), 1 mean
@@ -26,6 +27,9 @@
 //   num_classes   total classes when the caller knows them (saves one tiny
 //                 collective); checked against the split rule.
 //
+// A check that only one rank can fail (its shard size, its weight's size) is
+// carried in the gathered statistics, so every rank raises, none hangs.
+//
 // Communication: forward, one all-gather of packed per-row statistics
 // [max, sum-exp, target logit, weighted logit sum, target weight] (plus one
 // tiny all-gather of shard sizes when num_classes is not given); backward,
@@ -37,7 +41,7 @@
 //     logits_buffer: an op-owned copy of the logits as [rows, local_classes],
 //     written by the same pass that reads them, which backward turns into the
 //     gradient in place. row_stats: float64 [rows + 1, 4], per row
-//     (lse, target weight, not-ignored, 0) and a last row
+//     (lse, target weight, not-ignored, unreduced loss) and a last row
 //     (num_classes, class offset, sum of class weights, mean denominator).
 //   _parallel_cross_entropy_backward(grad_loss, Tensor(a!) logits_buffer,
 //     row_stats, target, weight, ignore_index, label_smoothing, z_loss,

@@ -468,8 +468,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> parallel_linear_cross_entropy_bac
   if (output_mask[0]) grad_input_acc = at::zeros({rows, features}, x.options().dtype(acc));
   if (output_mask[1]) grad_weight = at::empty_like(w);
   if (output_mask[2] && has_bias) grad_bias = at::empty({local}, w.options());
-  for (int64_t begin = 0; begin < local; begin += chunk_size) {
+  std::shared_ptr<comm::CommHandle> pending_reduce;
+  for (int64_t begin = 0; begin < local || (begin == 0 && output_mask[0]); begin += chunk_size) {
     const int64_t width = std::min(chunk_size, local - begin);
+    const bool last = begin + chunk_size >= local;
     const at::Tensor w_chunk = w.narrow(0, begin, width);
     at::Tensor chunk = has_bias ? at::addmm(bias->narrow(0, begin, width), x, w_chunk.t())
                                 : at::mm(x, w_chunk.t());
@@ -480,14 +482,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> parallel_linear_cross_entropy_bac
       } else {
         grad_input_acc.add_(at::mm(chunk, w_chunk));
       }
+      // Each rank's classes contribute a part of the input gradient; the sum
+      // travels while the last chunk's weight gradient is computed.
+      if (last) {
+        pending_reduce =
+            comm::communicator_for(group, input.device(), op)->all_reduce_async(grad_input_acc);
+      }
     }
     if (output_mask[1]) grad_weight.narrow(0, begin, width).copy_(at::mm(chunk.t(), x));
     if (grad_bias.defined()) grad_bias.narrow(0, begin, width).copy_(chunk.sum(0));
   }
   at::Tensor grad_input;
   if (output_mask[0]) {
-    // Each rank's classes contribute a part of the input gradient.
-    comm::communicator_for(group, input.device(), op)->all_reduce(grad_input_acc);
+    pending_reduce->wait();
     grad_input = grad_input_acc.to(input.scalar_type()).view(input.sizes());
   }
   return {grad_input, grad_weight, grad_bias};

@@ -91,8 +91,22 @@ def case_float32_and_bfloat16():
 
 def case_more_ranks_than_classes():
     size = _size()
-    if size > 2:  # some ranks hold no class at all
-        _check(4, size - 1, torch.float64, "mean", "-100", "sharded", 0.1, 1e-2, True)
+    if size <= 2:
+        return
+    # Some ranks hold no class at all.
+    _check(4, size - 1, torch.float64, "mean", "-100", "sharded", 0.1, 1e-2, True)
+    torch.manual_seed(5)
+    ref_head = nn.Linear(3, size - 1, dtype=torch.float64)
+    head = ts.nn.ParallelLinear.from_linear(ref_head, dim=1)
+    x = torch.randn(4, 3, dtype=torch.float64)
+    target = torch.tensor([0, 1, -100, size - 2])
+    x_a, x_b = x.clone().requires_grad_(), x.clone().requires_grad_()
+    loss = ts.nn.ParallelLinearCrossEntropyLoss(head, chunk_size=1)(x_a, target)
+    loss.backward()
+    ref = cross_entropy_reference(ref_head(x_b), target)
+    ref.backward()
+    assert_close(loss, ref, torch.float64, "fused loss with empty shards")
+    assert_close(x_a.grad, x_b.grad, torch.float64, "fused grad input with empty shards")
 
 
 def case_fused_equals_linear_then_loss():

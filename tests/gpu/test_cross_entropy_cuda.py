@@ -10,8 +10,9 @@ import torch.distributed as dist
 import shardtorch as ts
 from tests.reference import cross_entropy_reference
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or not ts.cuda_built,
-                                reason="needs a CUDA device and shardtorch built with CUDA")
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available() or not ts.cuda_built,
+                                 reason="needs a CUDA device and shardtorch built with CUDA")]
 OPS = torch.ops.shard
 
 
