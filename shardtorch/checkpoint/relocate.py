@@ -60,9 +60,9 @@ def _check_on_src(state_dict, layout):
         return (f"src rank {state.get_rank()} must pass the checkpoint's state dict (a dict), "
                 f"got {type(state_dict).__name__}")
     checkpoint = match_ddp_prefix(state_dict, list(layout))
-    problems = mismatches(shapes_of(checkpoint), {k: v for k, v in layout.items()})
+    # Non-tensor entries (a module's extra state) travel with the verdict.
     objects = {k: v for k, v in checkpoint.items() if not isinstance(v, torch.Tensor)}
-    problems = [p for p in problems if not any(repr(k) in p for k in objects)]
+    problems = mismatches(shapes_of(checkpoint), {k: v for k, v in layout.items() if k not in objects})
     if problems:
         return "the checkpoint does not fit the model: " + "; ".join(problems)
     return {"dtypes": {k: v.dtype for k, v in checkpoint.items() if isinstance(v, torch.Tensor)},

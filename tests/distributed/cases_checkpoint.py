@@ -267,3 +267,52 @@ def case_load_after_killed_save():
     assert len(partial) == 1, os.listdir(path)
     _expect_error(lambda: ts.load_sharded(model, os.path.join(path, partial[0])),
                   "has no index.json", "incomplete save")
+
+
+# ------------------------------------------------------------------ torch.distributed.checkpoint
+def case_save_dcp():
+    ts.checkpoint.save_dcp(build(True, SAVED_SEED), _dir(f"dcp-{_tag()}"))
+
+
+def _tag():
+    world, size = dist.get_world_size(), _size()
+    return str(size) if world == size else f"{world}x{size}"
+
+
+def _load_dcp(tag):
+    model = build(True, FRESH_SEED)
+    ts.checkpoint.load_dcp(model, _dir(f"dcp-{tag}"))
+    _check_model_is_saved_one(model, f"DCP checkpoint of size {tag} at size {_tag()}")
+
+
+def case_load_dcp_2():
+    _load_dcp("2")
+
+
+def case_load_dcp_4x2():
+    _load_dcp("4x2")
+
+
+def case_dcp_to_torch_save_gives_the_unsharded_state_dict():
+    if dist.get_rank() == 0:
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+        dcp_to_torch_save(_dir("dcp-4x2"), _dir("from-dcp.pt"))
+        plain = build(False, FRESH_SEED)
+        plain.load_state_dict(torch.load(_dir("from-dcp.pt")))
+        assert_state_equal(plain.state_dict(), build(False, SAVED_SEED).state_dict(), "dcp_to_torch_save")
+
+
+def case_dcp_with_empty_shards():
+    size = _size()
+    if size < 2:
+        return
+    torch.manual_seed(0)
+    saved = nn.Sequential(ts.nn.ParallelLinear(3, size - 1, dim=1))  # the last rank holds nothing
+    ts.checkpoint.save_dcp(saved, _dir(f"dcp-empty-{size}"))
+    loaded = nn.Sequential(ts.nn.ParallelLinear(3, size - 1, dim=1))
+    with torch.no_grad():
+        for p in loaded.parameters():
+            p.zero_()
+    ts.checkpoint.load_dcp(loaded, _dir(f"dcp-empty-{size}"))
+    for a, b in zip(saved.parameters(), loaded.parameters()):
+        assert torch.equal(a, b)

@@ -17,13 +17,15 @@ PHASES = {
     "size2": (2, 2, ANY_SIZE + ["case_load_size1", "case_load_plain", "case_save_size2",
                                 "case_ddp_wrapped_and_prefix_matching",
                                 "case_sharded_failed_save_keeps_previous",
-                                "case_sharded_corrupt_checkpoints_are_named"]),
-    "size4": (4, 4, ANY_SIZE + ["case_load_size2", "case_load_size1", "case_save_size4"]),
+                                "case_sharded_corrupt_checkpoints_are_named", "case_save_dcp"]),
+    "size4": (4, 4, ANY_SIZE + ["case_load_size2", "case_load_size1", "case_save_size4", "case_load_dcp_2",
+                                "case_dcp_with_empty_shards"]),
     "2d": (4, 2, ANY_SIZE + ["case_load_size4", "case_load_size1", "case_save_2d", "case_load_2d",
                              "case_ddp_wrapped_and_prefix_matching",
-                             "case_sharded_failed_save_keeps_previous"]),
+                             "case_sharded_failed_save_keeps_previous", "case_save_dcp"]),
     "size2_from4": (2, 2, ["case_load_size4", "case_load_2d", "case_load_after_killed_save"]),
-    "size1_from4": (1, 1, ["case_load_size4", "case_load_size2"]),
+    "size1_from4": (1, 1, ["case_load_size4", "case_load_size2", "case_load_dcp_4x2",
+                           "case_dcp_to_torch_save_gives_the_unsharded_state_dict"]),
 }
 
 
