@@ -6,6 +6,7 @@ ops under --as-needed, the communicators and the example on 2 ranks (torchrun
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -44,7 +45,9 @@ def _run(cmd, timeout, what, **kwargs):
 
 def _configure_and_build(source: str, build_dir: str) -> None:
     prefix = shardtorch.cmake_prefix_path + ";" + torch.utils.cmake_prefix_path
+    # -O1: these programs test correctness; compiling them is most of the time.
     _run(["cmake", "-S", source, "-B", build_dir, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+          "-DCMAKE_CXX_FLAGS_RELEASE=-O1",
           f"-DCMAKE_PREFIX_PATH={prefix}", f"-DSHARDTORCH_TORCHRUN={_torchrun_wrapper()}"],
          300, f"configuring {source}")
     _run(["cmake", "--build", build_dir, "--parallel", str(min(2, os.cpu_count() or 1))], 900,
@@ -176,3 +179,31 @@ def test_torchscript_module_trains_in_cpp(cpp_build, tmp_path):
     assert len(cpp) == steps
     torch.testing.assert_close(torch.tensor(cpp, dtype=torch.float64),
                                torch.tensor(expected, dtype=torch.float64), rtol=1e-5, atol=1e-6)
+
+
+def test_communicators_without_torchrun(cpp_build):
+    """The launcher-free way: each rank gets RANK, WORLD_SIZE, LOCAL_RANK,
+    MASTER_ADDR, MASTER_PORT; rank 0 then serves the TCPStore itself."""
+    _needs_gloo()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    program = os.path.join(cpp_build["tests"], "test_communicators")
+    procs = []
+    for rank in range(2):
+        env = _env()
+        env.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+        env.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+        procs.append(subprocess.Popen([program, "2"], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    outputs = []
+    try:
+        for proc in procs:
+            outputs.append(proc.communicate(timeout=RUN_TIMEOUT)[0])
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    for rank, (proc, out) in enumerate(zip(procs, outputs)):
+        assert proc.returncode == 0 and ", 0 failed" in out, f"rank {rank}:\n{out[-4000:]}"
