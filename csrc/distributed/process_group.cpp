@@ -22,6 +22,7 @@ struct State {
   c10::intrusive_ptr<c10d::Store> store;
   int64_t rank = 0;
   int64_t world_size = 1;
+  int64_t local_rank = 0;
 };
 
 std::mutex& state_mutex() {
@@ -132,6 +133,7 @@ void init_process_group(const InitOptions& options) {
   created->store = std::move(store);
   created->rank = env.rank;
   created->world_size = env.world_size;
+  created->local_rank = env.local_rank;
   state() = std::move(created);
 }
 
@@ -161,6 +163,11 @@ int64_t get_world_size() {
     if (state()) return state()->world_size;
   }
   return comm::has_group(kWorld) ? comm::group_layout(kWorld, "get_world_size").size : 1;
+}
+
+int64_t get_local_rank() {
+  std::lock_guard<std::mutex> lock(state_mutex());
+  return state() ? state()->local_rank : 0;
 }
 
 int64_t get_group_rank(const std::string& group) {

@@ -30,6 +30,9 @@ bool is_initialized();
 // distributed). Groups registered from Python count too.
 int64_t get_rank();
 int64_t get_world_size();
+// LOCAL_RANK at init (the rank within this node: the CUDA device to use), 0
+// when not initialised from C++.
+int64_t get_local_rank();
 
 // Rank within, size and global ranks of a registered group (default "tp").
 int64_t get_group_rank(const std::string& group = kTensorParallel);

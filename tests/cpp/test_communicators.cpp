@@ -32,6 +32,7 @@ static void test_groups(int64_t group_size) {
   EXPECT(dist::get_group_size(dist::kDataParallel) == layout.data_parallel_size());
   EXPECT(dist::get_group_size(dist::kWorld) == world);
   EXPECT(dist::get_group_rank(dist::kWorld) == rank);
+  EXPECT(dist::get_local_rank() == std::atoll(std::getenv("LOCAL_RANK")));
   EXPECT_THROWS(dist::get_group_size("nope"), "unknown group 'nope'");
   EXPECT_THROWS(dist::init_process_group(dist::InitOptions(group_size)), "already initialised");
 }
