@@ -4,7 +4,10 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
-#ifdef SHARDTORCH_WITH_GLOO_HEADERS
+// Both are needed: Gloo's own headers (SHARDTORCH_WITH_GLOO_HEADERS, found by
+// CMake) and a torch built with Gloo (USE_C10D_GLOO, from torch's CMake target).
+#if defined(SHARDTORCH_WITH_GLOO_HEADERS) && defined(USE_C10D_GLOO)
+#define SHARDTORCH_CAN_CREATE_GLOO_GROUPS 1
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #endif
 
@@ -14,7 +17,7 @@ namespace shardtorch {
 namespace distributed {
 
 bool gloo_process_groups_available() {
-#ifdef SHARDTORCH_WITH_GLOO_HEADERS
+#ifdef SHARDTORCH_CAN_CREATE_GLOO_GROUPS
   return true;
 #else
   return false;
@@ -24,7 +27,7 @@ bool gloo_process_groups_available() {
 c10::intrusive_ptr<c10d::ProcessGroup> make_gloo_process_group(
     const c10::intrusive_ptr<c10d::Store>& store, int64_t group_rank, int64_t group_size,
     std::chrono::milliseconds timeout) {
-#ifdef SHARDTORCH_WITH_GLOO_HEADERS
+#ifdef SHARDTORCH_CAN_CREATE_GLOO_GROUPS
   auto options = c10d::ProcessGroupGloo::Options::create(timeout);
   // Same device choice as torch.distributed: the interfaces named in
   // GLOO_SOCKET_IFNAME, else this host's address (loopback as a fallback).
@@ -57,8 +60,9 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_gloo_process_group(
   TORCH_CHECK(false,
               "shardtorch::distributed::init_process_group: this libshardtorch was built without "
               "Gloo's C++ headers (gloo/algorithm.h, which the torch wheel does not ship; on "
-              "Debian/Ubuntu: apt-get install libgloo-dev), so it cannot create Gloo process groups "
-              "from C++. Install them and rebuild shardtorch, or create the groups from Python "
+              "Debian/Ubuntu: apt-get install libgloo-dev) or against a torch built without Gloo "
+              "(USE_C10D_GLOO), so it cannot create Gloo process groups from C++. Install the "
+              "headers and rebuild shardtorch, or create the groups from Python "
               "(shardtorch.distributed.init_process_group).");
   return {};
 #endif

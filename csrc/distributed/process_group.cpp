@@ -86,8 +86,8 @@ void init_process_group(const InitOptions& options) {
   // Fail before any rendezvous, so a missing build feature does not look like a hang.
   TORCH_CHECK(gloo_process_groups_available(), kCaller,
               ": this libshardtorch was built without Gloo's C++ headers (gloo/algorithm.h; on "
-              "Debian/Ubuntu: apt-get install libgloo-dev, then rebuild shardtorch), so it cannot "
-              "create process groups from C++");
+              "Debian/Ubuntu: apt-get install libgloo-dev, then rebuild shardtorch) or against a "
+              "torch built without Gloo, so it cannot create process groups from C++");
   std::lock_guard<std::mutex> lock(state_mutex());
   TORCH_CHECK(!state(), kCaller, ": already initialised; call destroy_process_group() first");
   TORCH_CHECK(comm::group_names().empty(), kCaller,

@@ -43,12 +43,11 @@ def _run(cmd, timeout, what, **kwargs):
     return proc.stdout
 
 
-def _configure_and_build(source: str, build_dir: str) -> None:
+def _configure_and_build(source: str, build_dir: str, *extra_args: str) -> None:
     prefix = shardtorch.cmake_prefix_path + ";" + torch.utils.cmake_prefix_path
     # -O1: these programs test correctness; compiling them is most of the time.
     _run(["cmake", "-S", source, "-B", build_dir, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
-          "-DCMAKE_CXX_FLAGS_RELEASE=-O1",
-          f"-DCMAKE_PREFIX_PATH={prefix}", f"-DSHARDTORCH_TORCHRUN={_torchrun_wrapper()}"],
+          "-DCMAKE_CXX_FLAGS_RELEASE=-O1", f"-DCMAKE_PREFIX_PATH={prefix}", *extra_args],
          300, f"configuring {source}")
     _run(["cmake", "--build", build_dir, "--parallel", str(min(2, os.cpu_count() or 1))], 900,
          f"building {source}")
@@ -68,11 +67,11 @@ def _torchrun_wrapper() -> str:
 def cpp_build():
     if shutil.which("cmake") is None or shutil.which("ninja") is None:
         pytest.skip("cmake and ninja are needed to build the C++ tests")
-    builds = {}
-    for name, source in (("tests", "tests/cpp"), ("examples", "examples/cpp")):
-        build_dir = os.path.join(BUILD_ROOT, name)
-        _configure_and_build(os.path.join(REPO, source), build_dir)
-        builds[name] = build_dir
+    builds = {name: os.path.join(BUILD_ROOT, name) for name in ("tests", "examples")}
+    # ctest (tests/cpp) launches its multi-rank tests with this interpreter's torchrun.
+    _configure_and_build(os.path.join(REPO, "tests", "cpp"), builds["tests"],
+                         f"-DSHARDTORCH_TORCHRUN={_torchrun_wrapper()}")
+    _configure_and_build(os.path.join(REPO, "examples", "cpp"), builds["examples"])
     return builds
 
 
