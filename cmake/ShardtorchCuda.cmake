@@ -2,6 +2,27 @@
 # torch's CMake CUDA detection, which on these machines guesses the toolkit root
 # wrongly and builds every architecture unless told otherwise.
 set(SHARDTORCH_WITH_CUDA OFF)
+
+# setup.py tells whether torch has CUDA and where the nvidia-* wheels are; a
+# plain CMake build (no Python) finds out from torch's files: a CUDA build of
+# torch has lib/libtorch_cuda.so beside its share/cmake/Torch, and the wheels
+# sit next to torch in site-packages.
+if(NOT DEFINED SHARDTORCH_TORCH_HAS_CUDA OR NOT DEFINED SHARDTORCH_NVIDIA_ROOT)
+  find_path(_shardtorch_torch_config_dir TorchConfig.cmake PATH_SUFFIXES Torch share/cmake/Torch NO_CACHE)
+  if(_shardtorch_torch_config_dir)
+    get_filename_component(_shardtorch_torch_root "${_shardtorch_torch_config_dir}/../../.." ABSOLUTE)
+    if(NOT DEFINED SHARDTORCH_TORCH_HAS_CUDA)
+      if(EXISTS "${_shardtorch_torch_root}/lib/libtorch_cuda.so")
+        set(SHARDTORCH_TORCH_HAS_CUDA ON)
+      else()
+        set(SHARDTORCH_TORCH_HAS_CUDA OFF)
+      endif()
+    endif()
+    if(NOT DEFINED SHARDTORCH_NVIDIA_ROOT AND EXISTS "${_shardtorch_torch_root}/../nvidia")
+      get_filename_component(SHARDTORCH_NVIDIA_ROOT "${_shardtorch_torch_root}/../nvidia" ABSOLUTE)
+    endif()
+  endif()
+endif()
 if(NOT SHARDTORCH_CUDA STREQUAL "OFF")
   if(NOT CMAKE_CUDA_COMPILER)
     find_program(_shardtorch_nvcc nvcc PATHS /usr/local/cuda/bin "$ENV{CUDA_HOME}/bin" NO_CACHE)

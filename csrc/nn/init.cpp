@@ -1,0 +1,75 @@
+#include "nn/init.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace shardtorch {
+namespace nn {
+namespace {
+
+// Draws a [rows, cols] uniform(-bound, bound) matrix chunk by chunk and copies
+// its [row_range, col_range] block into `out`.
+void draw_rows_into(at::Tensor out, int64_t rows, int64_t cols, double bound, Range row_range,
+                    Range col_range) {
+  if (rows == 0 || cols == 0) return;
+  const int64_t chunk_rows = std::max<int64_t>(1, kInitChunkElements / std::max<int64_t>(cols, 1));
+  for (int64_t first = 0; first < rows; first += chunk_rows) {
+    const int64_t last = std::min(rows, first + chunk_rows);
+    auto chunk = at::empty({last - first, cols}, at::TensorOptions().dtype(out.scalar_type()))
+                     .uniform_(-bound, bound);
+    const int64_t lo = std::max(first, row_range.first);
+    const int64_t hi = std::min(last, row_range.second);
+    if (lo < hi) {
+      out.slice(0, lo - row_range.first, hi - row_range.first)
+          .copy_(chunk.slice(0, lo - first, hi - first).slice(1, col_range.first, col_range.second));
+    }
+  }
+}
+
+}  // namespace
+
+LinearBounds linear_bounds(int64_t in_features) {
+  // The arithmetic of torch::nn::init::kaiming_uniform_(w, sqrt(5)) and of
+  // torch.nn.init, step by step, so the doubles (and the draws) agree bitwise.
+  const double gain = std::sqrt(2.0 / (1 + std::pow(std::sqrt(5.0), 2)));
+  const double std_dev = in_features > 0 ? gain / std::sqrt(static_cast<double>(in_features)) : 0.0;
+  LinearBounds bounds;
+  bounds.weight = std::sqrt(3.0) * std_dev;
+  bounds.bias = in_features > 0 ? 1 / std::sqrt(static_cast<double>(in_features)) : 0.0;
+  return bounds;
+}
+
+void init_linear_shard_(at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                        int64_t in_features, int64_t out_features, Range out_range,
+                        Range in_range) {
+  TORCH_CHECK(weight.dim() == 2 && weight.size(0) == out_range.second - out_range.first &&
+                  weight.size(1) == in_range.second - in_range.first,
+              "init_linear_shard_: weight must be [", out_range.second - out_range.first, ", ",
+              in_range.second - in_range.first, "] for rows [", out_range.first, ", ",
+              out_range.second, ") and columns [", in_range.first, ", ", in_range.second,
+              "), got ", weight.sizes());
+  c10::NoGradGuard no_grad;
+  const auto bounds = linear_bounds(in_features);
+  // Draw into a CPU buffer when the parameter lives elsewhere: the CPU
+  // generator defines the values, as in Python.
+  const bool on_cpu = weight.device().is_cpu();
+  at::Tensor weight_cpu = on_cpu ? weight : at::empty(weight.sizes(), weight.options().device(at::kCPU));
+  draw_rows_into(weight_cpu, out_features, in_features, bounds.weight, out_range, in_range);
+  if (!on_cpu) weight.copy_(weight_cpu);
+  if (bias.has_value() && bias->defined()) {
+    at::Tensor b = *bias;
+    const Range bias_range = b.numel() == out_features ? Range{0, out_features} : out_range;
+    TORCH_CHECK(b.numel() == bias_range.second - bias_range.first,
+                "init_linear_shard_: bias must have ", bias_range.second - bias_range.first,
+                " elements, got ", b.numel());
+    at::Tensor bias_cpu = b.device().is_cpu() ? b : at::empty(b.sizes(), b.options().device(at::kCPU));
+    draw_rows_into(bias_cpu.view({-1, 1}), out_features, 1, bounds.bias, bias_range, Range{0, 1});
+    if (!b.device().is_cpu()) b.copy_(bias_cpu);
+  }
+}
+
+}  // namespace nn
+}  // namespace shardtorch

@@ -1,0 +1,21 @@
+#pragma once
+// The C++ API of shardtorch in one include: `#include <shardtorch/shardtorch.h>`
+// and link shardtorch::shardtorch (find_package(shardtorch)).
+//
+//   shardtorch::distributed::init_process_group(shardtorch::distributed::InitOptions(2));
+//   auto head = shardtorch::nn::ParallelLinear(
+//       shardtorch::nn::ParallelLinearOptions(512, 1000).dim(1));
+//   auto logits = shardtorch::distributed::gather(head(features), -1);
+//
+// Every op is also reachable through the dispatcher as shard::<name> (the
+// same ops as torch.ops.shard.* in Python and TorchScript).
+
+#include "shardtorch/build_info.h"
+
+#include "distributed/collectives.h"
+#include "distributed/init_options.h"
+#include "distributed/process_group.h"
+#include "nn/functional.h"
+#include "nn/init.h"
+#include "nn/parallel_linear.h"
+#include "topology/topology.h"
