@@ -5,7 +5,7 @@
 //   shardtorch::distributed::init_process_group(shardtorch::distributed::InitOptions(2));
 //   auto head = shardtorch::nn::ParallelLinear(
 //       shardtorch::nn::ParallelLinearOptions(512, 1000).dim(1));
-//   auto logits = shardtorch::distributed::gather(head(features), -1);
+//   auto logits = head(features);  // sharded on the last dim
 //
 // Every op is also reachable through the dispatcher as shard::<name> (the
 // same ops as torch.ops.shard.* in Python and TorchScript).

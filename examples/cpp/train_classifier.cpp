@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
                               torch::optim::SGDOptions(kLearningRate).momentum(kMomentum));
   for (int step = 0; step < steps; ++step) {
     optimizer.zero_grad();
-    const auto logits = shardtorch::distributed::gather(model->forward(features), -1,
+    const auto logits = shardtorch::distributed::gather_replicated(model->forward(features), -1,
                                                         shardtorch::distributed::kTensorParallel,
                                                         kClasses);
     const auto loss = F::cross_entropy(logits, targets);

@@ -42,7 +42,7 @@ def main():
     optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
     for step in range(steps):
         optimizer.zero_grad()
-        logits = ts.distributed.gather(model(features), -1, full_size=CLASSES)
+        logits = ts.distributed.gather_replicated(model(features), -1, full_size=CLASSES)
         loss = F.cross_entropy(logits, targets)
         loss.backward()
         optimizer.step()

@@ -86,11 +86,16 @@ static void test_mappings() {
 
   auto shard = dist::scatter(whole, -1);
   EXPECT(torch::equal(shard, whole.slice(1, offset, offset + length)));
-  auto back = dist::gather(shard, -1, dist::kTensorParallel, 5);
+  auto back = dist::gather_replicated(shard, -1, dist::kTensorParallel, 5);
   EXPECT(torch::equal(back, whole));
   back.sum().backward();
-  // gather keeps this rank's slice of the gradient; scatter all-gathers it back.
+  // gather_replicated keeps this rank's slice of the gradient; scatter all-gathers it back.
   EXPECT(torch::equal(whole.grad(), torch::ones({3, 5})));
+
+  // gather is the adjoint: its backward sums the group's gradients.
+  auto mine = shard.detach().requires_grad_();
+  dist::gather(mine, -1, dist::kTensorParallel, 5).sum().backward();
+  EXPECT(torch::equal(mine.grad(), torch::full_like(mine, static_cast<double>(size))));
 
   auto unsized = dist::all_gather(shard.detach(), -1);  // sizes exchanged first
   EXPECT(torch::equal(unsized, whole.detach()));
