@@ -14,6 +14,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "ops/parallel_cross_entropy_entry_points.h"
 #include "ops/parallel_cross_entropy_impl.h"
 
 namespace shardtorch {
@@ -159,82 +160,10 @@ class CudaCrossEntropyKernels final : public CrossEntropyKernels {
   }
 };
 
-const CudaCrossEntropyKernels kKernels;
-
-CrossEntropyOptions options_of(int64_t ignore_index, double label_smoothing, double z_loss,
-                               int64_t reduction) {
-  return CrossEntropyOptions{ignore_index, label_smoothing, z_loss, reduction};
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_cuda(
-    const at::Tensor& logits, const at::Tensor& target, const std::optional<at::Tensor>& weight,
-    int64_t ignore_index, double label_smoothing, double z_loss, int64_t reduction,
-    const std::string& group, std::optional<int64_t> num_classes) {
-  return parallel_cross_entropy_forward_impl(
-      logits, target, weight, options_of(ignore_index, label_smoothing, z_loss, reduction), group,
-      num_classes, kKernels);
-}
-
-at::Tensor loss_cuda(const at::Tensor& logits, const at::Tensor& target,
-                     const std::optional<at::Tensor>& weight, int64_t ignore_index,
-                     double label_smoothing, double z_loss, int64_t reduction,
-                     const std::string& group, std::optional<int64_t> num_classes) {
-  return std::get<0>(forward_cuda(logits, target, weight, ignore_index, label_smoothing, z_loss,
-                                  reduction, group, num_classes));
-}
-
-void backward_cuda(const at::Tensor& grad_loss, const at::Tensor& logits_buffer,
-                   const at::Tensor& row_stats, const at::Tensor& target,
-                   const std::optional<at::Tensor>& weight, int64_t ignore_index,
-                   double label_smoothing, double z_loss, int64_t reduction) {
-  parallel_cross_entropy_backward_impl(grad_loss, logits_buffer, row_stats, target, weight,
-                                       options_of(ignore_index, label_smoothing, z_loss, reduction),
-                                       kKernels);
-}
-
-std::tuple<at::Tensor, at::Tensor> fused_forward_cuda(
-    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-    const at::Tensor& target, const std::optional<at::Tensor>& class_weight, int64_t ignore_index,
-    double label_smoothing, double z_loss, int64_t reduction, int64_t chunk_size,
-    const std::string& group, std::optional<int64_t> num_classes) {
-  return parallel_linear_cross_entropy_forward_impl(
-      input, weight, bias, target, class_weight,
-      options_of(ignore_index, label_smoothing, z_loss, reduction), chunk_size, group, num_classes,
-      kKernels);
-}
-
-at::Tensor fused_loss_cuda(const at::Tensor& input, const at::Tensor& weight,
-                           const std::optional<at::Tensor>& bias, const at::Tensor& target,
-                           const std::optional<at::Tensor>& class_weight, int64_t ignore_index,
-                           double label_smoothing, double z_loss, int64_t reduction,
-                           int64_t chunk_size, const std::string& group,
-                           std::optional<int64_t> num_classes) {
-  return std::get<0>(fused_forward_cuda(input, weight, bias, target, class_weight, ignore_index,
-                                        label_smoothing, z_loss, reduction, chunk_size, group,
-                                        num_classes));
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_backward_cuda(
-    const at::Tensor& grad_loss, const at::Tensor& input, const at::Tensor& weight,
-    const std::optional<at::Tensor>& bias, const at::Tensor& row_stats, const at::Tensor& target,
-    const std::optional<at::Tensor>& class_weight, int64_t ignore_index, double label_smoothing,
-    double z_loss, int64_t reduction, int64_t chunk_size, const std::string& group,
-    std::array<bool, 3> output_mask) {
-  return parallel_linear_cross_entropy_backward_impl(
-      grad_loss, input, weight, bias, row_stats, target, class_weight,
-      options_of(ignore_index, label_smoothing, z_loss, reduction), chunk_size, group, output_mask,
-      kKernels);
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(shard, CUDA, m) {
-  m.impl("parallel_cross_entropy", TORCH_FN(loss_cuda));
-  m.impl("_parallel_cross_entropy_forward", TORCH_FN(forward_cuda));
-  m.impl("_parallel_cross_entropy_backward", TORCH_FN(backward_cuda));
-  m.impl("parallel_linear_cross_entropy", TORCH_FN(fused_loss_cuda));
-  m.impl("_parallel_linear_cross_entropy_forward", TORCH_FN(fused_forward_cuda));
-  m.impl("_parallel_linear_cross_entropy_backward", TORCH_FN(fused_backward_cuda));
+  CrossEntropyEntryPoints<CudaCrossEntropyKernels>::register_kernels(m);
 }
 
 }  // namespace ops
