@@ -34,6 +34,9 @@ $PIP install -q --disable-pip-version-check "$TORCH_SPEC" numpy pytest hypothesi
 "$VENV/bin/python" -c "import torch" # fail here, clearly, if torch did not install
 
 export PATH="$PWD/$VENV/bin:$PATH"
+# ccache keys on paths relative to the checkout, so that another clone of the
+# repository (CI's) reuses what this one compiled.
+export CCACHE_BASEDIR="$PWD"
 start=$(date +%s)
 if [ "${SHARDTORCH_EDITABLE:-1}" = 1 ]; then
   $PIP install -q --disable-pip-version-check --no-build-isolation --no-deps -e . 2>&1 | grep -v "^WARNING: Location" || true

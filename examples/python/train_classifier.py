@@ -33,7 +33,7 @@ import shardtorch as ts
 from shardtorch.utils.memory import PeakMemory
 
 
-def parse_args(argv=None):
+def build_parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cpu: Gloo; cuda: one GPU per process, NCCL (default: cpu)")
@@ -68,7 +68,11 @@ def parse_args(argv=None):
                    help="skip measuring the unsharded equivalent at the end")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (one line per step on rank 0)")
     p.add_argument("--log-json", default=None, help="rank 0 writes the per-step losses to this JSON file")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv=None):
+    return build_parser().parse_args(argv)
 
 
 # ----------------------------------------------------------------------------- data

@@ -1,0 +1,58 @@
+"""The main job (examples/python/train_classifier.py) at small sizes on 2 CPU
+ranks: it learns, a resumed run continues exactly, and --help documents every flag."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.distributed.harness import REPO, run_script
+
+PROGRAM = os.path.join(REPO, "examples", "python", "train_classifier.py")
+SMALL = ["--classes", "3001", "--features", "64", "--batch-size", "16", "--active-classes", "8",
+         "--image-size", "8", "--no-progress", "--no-compare", "--lr", "0.1"]
+
+
+def _load_program():
+    spec = importlib.util.spec_from_file_location("train_classifier", PROGRAM)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _train(tmp_path, name, *args):
+    log = tmp_path / f"{name}.json"
+    results = run_script(PROGRAM, 2, [*SMALL, "--log-json", log, *args], timeout=600)
+    for code, output in results:
+        assert code == 0, output[-4000:]
+    with open(log) as f:
+        return {int(k): v for k, v in json.load(f).items()}, results[0][1]
+
+
+def test_help_documents_every_flag():
+    out = subprocess.run([sys.executable, PROGRAM, "--help"], capture_output=True, text=True, check=True).stdout
+    parser = _load_program().build_parser()
+    for action in parser._actions:
+        for flag in action.option_strings:
+            assert flag in out, f"{flag} missing from --help"
+        assert action.help, f"{action.option_strings} has no help text"
+
+
+@pytest.mark.parametrize("extra", [[], ["--fused-loss"], ["--layout", "2d", "--group-size", "1"]])
+def test_loss_decreases_and_memory_summary_is_printed(tmp_path, extra):
+    losses, output = _train(tmp_path, "run", "--steps", "24", *extra)
+    first, last = sum(losses[s] for s in range(4)) / 4, sum(losses[s] for s in range(20, 24)) / 4
+    assert last < 0.8 * first, losses
+    assert "[rank 0] parameters" in output and "peak training memory" in output, output[-2000:]
+
+
+def test_resume_continues_exactly(tmp_path):
+    checkpoint = tmp_path / "ckpt"
+    straight, _ = _train(tmp_path, "straight", "--steps", "6")
+    _train(tmp_path, "first_half", "--steps", "3", "--save", checkpoint)
+    resumed, _ = _train(tmp_path, "resumed", "--steps", "6", "--resume", checkpoint)
+    assert sorted(resumed) == [3, 4, 5]
+    for step in (3, 4, 5):
+        assert resumed[step] == pytest.approx(straight[step], rel=1e-6, abs=1e-7), (step, resumed, straight)
