@@ -1,3 +1,6 @@
+import os
+import tempfile
+
 import pytest
 
 from tests.distributed.harness import LaunchCache
@@ -7,3 +10,25 @@ from tests.distributed.harness import LaunchCache
 def launches():
     """Multi-process launches shared by every test of the session."""
     return LaunchCache()
+
+
+@pytest.fixture(scope="session")
+def world_of_one():
+    """A world of one rank in this process (Gloo over a FileStore), so that
+    single-process op tests find their group. Shared by the whole session:
+    tests must not tear it down."""
+    import torch.distributed as dist
+
+    import shardtorch as ts
+    store_path = None
+    if not dist.is_initialized():
+        fd, store_path = tempfile.mkstemp(prefix="shardtorch-world1-")
+        os.close(fd)
+        os.unlink(store_path)
+        dist.init_process_group("gloo", store=dist.FileStore(store_path, 1), rank=0, world_size=1)
+    if not ts.distributed.is_initialized():
+        ts.distributed.init_process_group(group_size=1)
+    yield
+    ts.distributed.destroy_process_group()
+    if dist.is_initialized():
+        dist.destroy_process_group()

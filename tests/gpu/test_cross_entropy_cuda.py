@@ -1,11 +1,7 @@
 """The cross-entropy ops on CUDA (custom kernels, NCCL in a world-1 group)
 against the float64 reference; skipped where no GPU is present."""
-import os
-import tempfile
-
 import pytest
 import torch
-import torch.distributed as dist
 
 import shardtorch as ts
 from tests.reference import cross_entropy_reference
@@ -16,19 +12,9 @@ pytestmark = [pytest.mark.gpu,
 OPS = torch.ops.shard
 
 
-@pytest.fixture(scope="module", autouse=True)
-def world_of_one():
-    created = not dist.is_initialized()
-    if created:
-        fd, path = tempfile.mkstemp(prefix="shardtorch-ce-cuda-")
-        os.close(fd)
-        os.unlink(path)
-        dist.init_process_group("gloo", store=dist.FileStore(path, 1), rank=0, world_size=1)
-    ts.distributed.init_process_group(1)
+@pytest.fixture(autouse=True)
+def _needs_the_cuda_world(cuda_world_of_one):
     yield
-    ts.distributed.destroy_process_group(keep_torch_distributed=not created)
-    if created and dist.is_initialized():
-        dist.destroy_process_group()
 
 
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}

@@ -1,9 +1,6 @@
 """The cross-entropy ops in one process (a world-1 group): against the float64
 reference, opcheck, gradcheck, TorchScript, torch.compile, autocast, errors,
 and the fused loss's memory against the class count."""
-import os
-import tempfile
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -13,22 +10,6 @@ from tests.reference import cross_entropy_reference
 
 OPS = torch.ops.shard
 REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def world_of_one():
-    created = not dist.is_initialized()
-    path = None
-    if created:
-        fd, path = tempfile.mkstemp(prefix="shardtorch-ce-")
-        os.close(fd)
-        os.unlink(path)
-        dist.init_process_group("gloo", store=dist.FileStore(path, 1), rank=0, world_size=1)
-    ts.distributed.init_process_group(1)
-    yield
-    ts.distributed.destroy_process_group(keep_torch_distributed=not created)
-    if created and dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def _inputs(rows=5, classes=7, dtype=torch.float64, seed=0):

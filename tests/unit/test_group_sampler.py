@@ -54,11 +54,13 @@ def test_epochs_reshuffle():
     assert a == _replica_indices(50, 2, 0, True, False, 0)
 
 
-def test_errors():
+def test_errors(monkeypatch):
     with pytest.raises(ValueError, match=r"rank must be in \[0, num_replicas=2\).*got 2"):
         DistributedGroupSampler(list(range(4)), num_replicas=2, rank=2)
     with pytest.raises(ValueError, match="num_replicas must be a positive int.*got 0"):
         DistributedGroupSampler(list(range(4)), num_replicas=0, rank=0)
+    # Without shardtorch's groups (whatever other tests of the session set up).
+    monkeypatch.setattr(ts.distributed.state, "_state", None)
     with pytest.raises(RuntimeError, match="init_process_group"):
         DistributedGroupSampler(list(range(4)))
     assert ts.utils.data.DistributedGroupSampler is DistributedGroupSampler
