@@ -13,9 +13,9 @@ namespace {
 // Draws a [rows, cols] uniform(-bound, bound) matrix chunk by chunk and copies
 // its [row_range, col_range] block into `out`.
 void draw_rows_into(at::Tensor out, int64_t rows, int64_t cols, double bound, Range row_range,
-                    Range col_range) {
+                    Range col_range, int64_t chunk_elements) {
   if (rows == 0 || cols == 0) return;
-  const int64_t chunk_rows = std::max<int64_t>(1, kInitChunkElements / std::max<int64_t>(cols, 1));
+  const int64_t chunk_rows = std::max<int64_t>(1, chunk_elements / std::max<int64_t>(cols, 1));
   for (int64_t first = 0; first < rows; first += chunk_rows) {
     const int64_t last = std::min(rows, first + chunk_rows);
     auto chunk = at::empty({last - first, cols}, at::TensorOptions().dtype(out.scalar_type()))
@@ -44,7 +44,9 @@ LinearBounds linear_bounds(int64_t in_features) {
 
 void init_linear_shard_(at::Tensor& weight, const std::optional<at::Tensor>& bias,
                         int64_t in_features, int64_t out_features, Range out_range,
-                        Range in_range) {
+                        Range in_range, int64_t chunk_elements) {
+  TORCH_CHECK(chunk_elements >= 1, "init_linear_shard_: chunk_elements must be >= 1, got ",
+              chunk_elements);
   TORCH_CHECK(weight.dim() == 2 && weight.size(0) == out_range.second - out_range.first &&
                   weight.size(1) == in_range.second - in_range.first,
               "init_linear_shard_: weight must be [", out_range.second - out_range.first, ", ",
@@ -57,7 +59,8 @@ void init_linear_shard_(at::Tensor& weight, const std::optional<at::Tensor>& bia
   // generator defines the values, as in Python.
   const bool on_cpu = weight.device().is_cpu();
   at::Tensor weight_cpu = on_cpu ? weight : at::empty(weight.sizes(), weight.options().device(at::kCPU));
-  draw_rows_into(weight_cpu, out_features, in_features, bounds.weight, out_range, in_range);
+  draw_rows_into(weight_cpu, out_features, in_features, bounds.weight, out_range, in_range,
+                 chunk_elements);
   if (!on_cpu) weight.copy_(weight_cpu);
   if (bias.has_value() && bias->defined()) {
     at::Tensor b = *bias;
@@ -66,7 +69,8 @@ void init_linear_shard_(at::Tensor& weight, const std::optional<at::Tensor>& bia
                 "init_linear_shard_: bias must have ", bias_range.second - bias_range.first,
                 " elements, got ", b.numel());
     at::Tensor bias_cpu = b.device().is_cpu() ? b : at::empty(b.sizes(), b.options().device(at::kCPU));
-    draw_rows_into(bias_cpu.view({-1, 1}), out_features, 1, bounds.bias, bias_range, Range{0, 1});
+    draw_rows_into(bias_cpu.view({-1, 1}), out_features, 1, bounds.bias, bias_range, Range{0, 1},
+                   chunk_elements);
     if (!b.device().is_cpu()) b.copy_(bias_cpu);
   }
 }

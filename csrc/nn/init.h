@@ -34,9 +34,12 @@ LinearBounds linear_bounds(int64_t in_features);
 // [out_features, in_features] matrix) and `bias` (`out_range` of the full bias,
 // or all of it when bias.numel() == out_features). Draws on the CPU generator
 // and copies chunk by chunk, so CUDA shards equal a CPU-built Linear, moved.
+// `chunk_elements` bounds the drawing buffer (tests make it small to exercise
+// many chunks); any value gives the same numbers. Python's
+// shardtorch.nn.init calls this through shardtorch._C.
 void init_linear_shard_(at::Tensor& weight, const std::optional<at::Tensor>& bias,
                         int64_t in_features, int64_t out_features, Range out_range,
-                        Range in_range);
+                        Range in_range, int64_t chunk_elements = kInitChunkElements);
 
 }  // namespace nn
 }  // namespace shardtorch

@@ -3,8 +3,11 @@
 // registration and the topology arithmetic, so Python never re-implements it.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+// torch's type casters for at::Tensor (needs libtorch_python).
+#include <torch/csrc/utils/pybind.h>
 
 #include "comm/registry.h"
+#include "nn/init.h"
 #include "shardtorch/build_info.h"
 #include "topology/topology.h"
 #include "utils/cpu_memory_tracker.h"
@@ -43,6 +46,17 @@ PYBIND11_MODULE(_C, m) {
   m.def("has_group", &shardtorch::comm::has_group, py::arg("name"));
   m.def("group_names", &shardtorch::comm::group_names);
 
+  // The one exact Linear initialisation, shared with the C++ ParallelLinear.
+  m.def(
+      "init_linear_shard_",
+      [](at::Tensor weight, std::optional<at::Tensor> bias, int64_t in_features,
+         int64_t out_features, shardtorch::nn::Range out_range, shardtorch::nn::Range in_range,
+         int64_t chunk_elements) {
+        shardtorch::nn::init_linear_shard_(weight, bias, in_features, out_features, out_range,
+                                           in_range, chunk_elements);
+      },
+      py::arg("weight"), py::arg("bias"), py::arg("in_features"), py::arg("out_features"),
+      py::arg("out_range"), py::arg("in_range"), py::arg("chunk_elements"));
   m.def("install_cpu_memory_tracker", &shardtorch::utils::install_cpu_memory_tracker);
   m.def("cpu_memory_tracker_installed", &shardtorch::utils::cpu_memory_tracker_installed);
   m.def("cpu_memory_stats", [] {

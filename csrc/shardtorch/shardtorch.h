@@ -5,7 +5,7 @@
 //   shardtorch::distributed::init_process_group(shardtorch::distributed::InitOptions(2));
 //   auto head = shardtorch::nn::ParallelLinear(
 //       shardtorch::nn::ParallelLinearOptions(512, 1000).dim(1));
-//   auto logits = head(features);  // sharded on the last dim
+//   auto loss = shardtorch::nn::ParallelCrossEntropyLoss()(head(features), targets);
 //
 // Every op is also reachable through the dispatcher as shard::<name> (the
 // same ops as torch.ops.shard.* in Python and TorchScript).
@@ -15,7 +15,11 @@
 #include "distributed/collectives.h"
 #include "distributed/init_options.h"
 #include "distributed/process_group.h"
+#include "nn/embedding_init.h"
 #include "nn/functional.h"
+#include "nn/functional_loss.h"
 #include "nn/init.h"
+#include "nn/parallel_cross_entropy.h"
+#include "nn/parallel_embedding.h"
 #include "nn/parallel_linear.h"
 #include "topology/topology.h"

@@ -7,7 +7,6 @@ import os
 import sys
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import shardtorch as ts
@@ -40,10 +39,11 @@ def main():
     teacher = torch.randn(FEATURES, CLASSES)
     targets = features.matmul(teacher).argmax(1)
     optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
+    # parallel=True as in C++, where tensors carry no marks to choose the mode by.
+    loss_fn = ts.nn.ParallelCrossEntropyLoss(parallel=True, num_classes=CLASSES)
     for step in range(steps):
         optimizer.zero_grad()
-        logits = ts.distributed.gather_replicated(model(features), -1, full_size=CLASSES)
-        loss = F.cross_entropy(logits, targets)
+        loss = loss_fn(model(features), targets)
         loss.backward()
         optimizer.step()
         if ts.distributed.get_rank() == 0:

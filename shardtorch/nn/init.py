@@ -17,6 +17,8 @@ import math
 
 import torch
 
+from .. import _C
+
 CHUNK_ELEMENTS = 1 << 20
 
 
@@ -29,34 +31,16 @@ def linear_bounds(in_features: int):
     return weight_bound, bias_bound
 
 
-@torch.no_grad()
-def _draw_rows_into(out: torch.Tensor, rows: int, cols: int, bound: float,
-                    row_start: int, row_stop: int, col_start: int, col_stop: int) -> None:
-    """Draws a [rows, cols] uniform(-bound, bound) matrix chunk by chunk and
-    copies its [row_start:row_stop, col_start:col_stop] block into ``out``."""
-    if rows == 0 or cols == 0:
-        return
-    chunk_rows = max(1, CHUNK_ELEMENTS // max(cols, 1))
-    for first in range(0, rows, chunk_rows):
-        last = min(rows, first + chunk_rows)
-        chunk = torch.empty(last - first, cols, dtype=out.dtype).uniform_(-bound, bound)
-        lo, hi = max(first, row_start), min(last, row_stop)
-        if lo < hi:
-            out[lo - row_start:hi - row_start].copy_(chunk[lo - first:hi - first, col_start:col_stop])
-
-
-@torch.no_grad()
 def init_linear_shard_(weight: torch.Tensor, bias, in_features: int, out_features: int,
                        out_range=None, in_range=None) -> None:
     """Fills ``weight`` (rows ``out_range``, columns ``in_range`` of the full
     [out_features, in_features] matrix) and ``bias`` (``out_range`` of the full
-    bias, or all of it when ``bias.numel() == out_features``) as torch.nn.Linear."""
-    out_range = out_range or (0, out_features)
-    in_range = in_range or (0, in_features)
-    weight_bound, bias_bound = linear_bounds(in_features)
-    _draw_rows_into(weight, out_features, in_features, weight_bound,
-                    out_range[0], out_range[1], in_range[0], in_range[1])
-    if bias is not None:
-        bias_range = (0, out_features) if bias.numel() == out_features else out_range
-        _draw_rows_into(bias.view(-1, 1), out_features, 1, bias_bound,
-                        bias_range[0], bias_range[1], 0, 1)
+    bias, or all of it when ``bias.numel() == out_features``) as torch.nn.Linear.
+
+    The C++ core does the drawing (csrc/nn/init.cpp, the same code as the C++
+    ParallelLinear), so Python and C++ shards agree by construction; it reads
+    ``CHUNK_ELEMENTS`` at each call, so tests may change it."""
+    out_range = tuple(out_range or (0, out_features))
+    in_range = tuple(in_range or (0, in_features))
+    _C.init_linear_shard_(weight, bias, in_features, out_features, out_range, in_range,
+                          CHUNK_ELEMENTS)

@@ -2,10 +2,13 @@
 // under torchrun (ctest: torchrun --no-python --standalone --nproc-per-node N
 // test_communicators GROUP_SIZE). Checks the groups match the topology, each
 // collective of the CPU (Gloo) communicator, the mapping ops with their
-// adjoint backwards, and ParallelLinear against an unsharded torch::nn::Linear.
+// adjoint backwards, ParallelLinear, ParallelCrossEntropyLoss and
+// ParallelEmbedding against their unsharded torch::nn twins.
 #include <shardtorch/shardtorch.h>
 
+#include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/loss.h>
 #include <torch/utils.h>
 
 #include <cstdlib>
@@ -149,6 +152,133 @@ static void test_parallel_linear() {
   EXPECT(torch::allclose(yf, col(x)));
 }
 
+// The sharded loss equals torch::nn::CrossEntropyLoss on the whole logits,
+// value and logits gradient, with every option; the fused form equals a
+// column-parallel Linear followed by the loss.
+static void test_parallel_cross_entropy() {
+  namespace snn = shardtorch::nn;
+  const auto rank = dist::get_group_rank();
+  const auto size = dist::get_group_size();
+  constexpr int64_t kClasses = 11;  // uneven shards
+  const auto o = topo::shard_offset(kClasses, size, rank);
+  const auto n = topo::shard_size(kClasses, size, rank);
+  torch::manual_seed(13);
+  const auto logits = torch::randn({6, kClasses}, torch::kFloat64);
+  const auto weight = torch::rand({kClasses}, torch::kFloat64) + 0.5;
+  auto targets = torch::randint(0, kClasses, {6}, torch::kLong);
+  targets[2] = -100;
+  for (const bool weighted : {false, true}) {
+    for (const double smoothing : {0.0, 0.2}) {
+      auto whole = logits.clone().requires_grad_();
+      auto shard = logits.slice(1, o, o + n).clone().requires_grad_();
+      auto ref_options = torch::nn::CrossEntropyLossOptions().label_smoothing(smoothing);
+      auto options = snn::ParallelCrossEntropyLossOptions().label_smoothing(smoothing);
+      if (weighted) {
+        ref_options.weight(weight);
+        options.weight(weight.slice(0, o, o + n));  // this rank's shard of the weights
+      }
+      torch::nn::CrossEntropyLoss reference(ref_options);
+      snn::ParallelCrossEntropyLoss loss_fn(options);
+      const auto expected = reference(whole, targets);
+      const auto loss = loss_fn(shard, targets);
+      EXPECT_MSG(torch::allclose(loss, expected, 1e-10, 1e-12),
+                 "weighted=" << weighted << " smoothing=" << smoothing << ": " << loss.item<double>()
+                             << " vs " << expected.item<double>());
+      expected.backward();
+      loss.backward();
+      EXPECT(torch::allclose(shard.grad(), whole.grad().slice(1, o, o + n), 1e-10, 1e-12));
+    }
+  }
+  // reduction none and sum, through the functional form.
+  namespace F = snn::functional;
+  const auto none = F::parallel_cross_entropy(logits.slice(1, o, o + n), targets,
+                                              F::ParallelCrossEntropyFuncOptions().reduction(torch::kNone));
+  const auto none_ref = torch::nn::functional::cross_entropy(
+      logits, targets, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
+  EXPECT(torch::allclose(none, none_ref, 1e-10, 1e-12));
+  const auto sum = F::parallel_cross_entropy(
+      logits.slice(1, o, o + n), targets,
+      F::ParallelCrossEntropyFuncOptions().reduction(torch::kSum).num_classes(kClasses));
+  EXPECT(torch::allclose(sum, none_ref.sum(), 1e-10, 1e-12));
+  // z_loss adds z * logsumexp^2 over the rows that count, divided like the mean.
+  const auto with_z = F::parallel_cross_entropy(logits.slice(1, o, o + n), targets,
+                                                F::ParallelCrossEntropyFuncOptions().z_loss(0.1));
+  const auto valid = targets.ne(-100);
+  const auto lse = logits.logsumexp(1);
+  const auto z_ref = torch::nn::functional::cross_entropy(logits, targets) +
+                     0.1 * (lse * lse).masked_select(valid).sum() / valid.sum();
+  EXPECT(torch::allclose(with_z, z_ref, 1e-10, 1e-12));
+  EXPECT_THROWS(snn::ParallelCrossEntropyLoss(snn::ParallelCrossEntropyLossOptions().z_loss(-1)),
+                "ParallelCrossEntropyLoss: z_loss must be >= 0, got -1");
+  EXPECT_THROWS(
+      snn::ParallelCrossEntropyLoss(snn::ParallelCrossEntropyLossOptions().label_smoothing(1.5)),
+      "ParallelCrossEntropyLoss: label_smoothing must be in [0, 1], got 1.5");
+
+  // Fused: ParallelLinear(dim=1) + loss without the logits.
+  torch::manual_seed(17);
+  torch::nn::Linear ref_head(torch::nn::LinearOptions(5, kClasses));
+  torch::manual_seed(17);
+  snn::ParallelLinear head(snn::ParallelLinearOptions(5, kClasses).dim(1));
+  const auto x = torch::randn({6, 5});
+  auto x_ref = x.clone().requires_grad_();
+  auto x_fused = x.clone().requires_grad_();
+  const auto expected = torch::nn::functional::cross_entropy(ref_head(x_ref), targets);
+  const auto fused = F::parallel_linear_cross_entropy(
+      x_fused, head->weight, head->bias, targets,
+      F::ParallelLinearCrossEntropyFuncOptions().chunk_size(2).num_classes(kClasses));
+  EXPECT(torch::allclose(fused, expected, 1e-5, 1e-6));
+  expected.backward();
+  fused.backward();
+  EXPECT(torch::allclose(x_fused.grad(), x_ref.grad(), 1e-5, 1e-6));
+  EXPECT(torch::allclose(head->weight.grad(), ref_head->weight.grad().slice(0, o, o + n), 1e-5, 1e-6));
+  EXPECT(torch::allclose(head->bias.grad(), ref_head->bias.grad().slice(0, o, o + n), 1e-5, 1e-6));
+}
+
+// Both splits of ParallelEmbedding equal torch::nn::Embedding: the table
+// (exact init, padding row zero), the output, the gradient, and max_norm.
+static void test_parallel_embedding() {
+  namespace snn = shardtorch::nn;
+  const auto rank = dist::get_group_rank();
+  const auto size = dist::get_group_size();
+  const auto ids = torch::tensor({{0, 3, 9}, {4, 4, 8}}, torch::kLong);
+  for (const int64_t dim : {0, 1}) {
+    for (const bool renorm : {false, true}) {
+      auto ref_options = torch::nn::EmbeddingOptions(10, 7).padding_idx(-2);
+      auto options = snn::ParallelEmbeddingOptions(10, 7).padding_idx(-2).dim(dim);
+      if (renorm) {
+        ref_options.max_norm(1.0);
+        options.max_norm(1.0);
+      }
+      torch::manual_seed(19);
+      torch::nn::Embedding reference(ref_options);
+      torch::manual_seed(19);
+      snn::ParallelEmbedding layer(options);
+      const auto total = dim == 0 ? 10 : 7;
+      const auto o = topo::shard_offset(total, size, rank);
+      const auto n = topo::shard_size(total, size, rank);
+      const auto slice = [&](const at::Tensor& t) { return t.slice(dim, o, o + n); };
+      EXPECT_MSG(torch::equal(layer->weight, slice(reference->weight)), "dim=" << dim);
+      EXPECT(layer->padding_idx == 8);
+      const auto y_ref = reference(ids);
+      const auto y = layer(ids);
+      EXPECT_MSG(torch::allclose(y, y_ref, 1e-5, 1e-6), "dim=" << dim << " renorm=" << renorm);
+      EXPECT_MSG(torch::allclose(layer->weight, slice(reference->weight), 1e-5, 1e-6),
+                 "renormalised weight dim=" << dim);
+      (y_ref * y_ref).sum().backward();
+      (y * y).sum().backward();
+      EXPECT_MSG(torch::allclose(layer->weight.grad(), slice(reference->weight.grad()), 1e-5, 1e-6),
+                 "grad dim=" << dim << " renorm=" << renorm);
+    }
+  }
+  EXPECT_THROWS(snn::ParallelEmbedding(snn::ParallelEmbeddingOptions(10, 7).dim(2)),
+                "ParallelEmbedding: dim must be 0 (vocabulary-parallel) or 1");
+  EXPECT_THROWS(snn::ParallelEmbedding(snn::ParallelEmbeddingOptions(10, 7).padding_idx(10)),
+                "padding_idx must be within num_embeddings = 10");
+  snn::ParallelEmbedding layer(10, 7);
+  EXPECT_THROWS(layer(torch::tensor({10}, torch::kLong)),
+                "indices must be in [0, num_embeddings = 10), got values in [10, 10]");
+}
+
 int main(int argc, char** argv) {
   const int64_t group_size = argc > 1 ? std::atoll(argv[1]) : 2;
   dist::init_process_group(dist::InitOptions().group_size(group_size).timeout(std::chrono::seconds(60)));
@@ -158,6 +288,8 @@ int main(int argc, char** argv) {
   }
   test_mappings();
   test_parallel_linear();
+  test_parallel_cross_entropy();
+  test_parallel_embedding();
   dist::destroy_process_group();
   EXPECT(!dist::is_initialized());
   EXPECT(shardtorch::comm::group_names().empty());

@@ -3,6 +3,7 @@
 // errors of init_process_group outside a launcher.
 #include <shardtorch/shardtorch.h>
 
+#include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/utils.h>
 
@@ -90,6 +91,57 @@ static void test_init_matches_linear() {
   check_init_matches_linear(3000, 701, true, 3);
 }
 
+// Each rank's embedding shard, drawn alone under the same seed, is bitwise the
+// slice of torch::nn::Embedding's table (padding row included), and leaves the
+// generator where Embedding does. Small chunk sizes force many chunks, uneven
+// 16-element blocks and the joined short tail.
+static void check_init_matches_embedding(int64_t rows, int64_t cols, std::optional<int64_t> padding,
+                                         int64_t parts, int64_t chunk_elements) {
+  torch::manual_seed(9);
+  torch::nn::Embedding reference(torch::nn::EmbeddingOptions(rows, cols).padding_idx(padding));
+  const auto after_reference = torch::rand({3});
+  for (int64_t rank = 0; rank < parts; ++rank) {
+    for (int dim : {0, 1}) {
+      const int64_t total = dim == 0 ? rows : cols;
+      const shardtorch::nn::Range split{
+          topo::shard_offset(total, parts, rank),
+          topo::shard_offset(total, parts, rank) + topo::shard_size(total, parts, rank)};
+      const auto row_range = dim == 0 ? split : shardtorch::nn::Range{0, rows};
+      const auto col_range = dim == 1 ? split : shardtorch::nn::Range{0, cols};
+      auto weight = torch::empty({row_range.second - row_range.first, col_range.second - col_range.first});
+      std::optional<int64_t> normalised = padding;
+      if (normalised && *normalised < 0) *normalised += rows;
+      torch::manual_seed(9);
+      shardtorch::nn::init_embedding_shard_(weight, rows, cols, row_range, col_range, normalised,
+                                            chunk_elements);
+      const auto after_shard = torch::rand({3});
+      const auto expected = reference->weight.slice(0, row_range.first, row_range.second)
+                                .slice(1, col_range.first, col_range.second);
+      EXPECT_MSG(torch::equal(weight, expected), "embedding rows=" << rows << " cols=" << cols
+                     << " rank=" << rank << " dim=" << dim << " chunk=" << chunk_elements);
+      EXPECT_MSG(torch::equal(after_shard, after_reference),
+                 "generator state rows=" << rows << " cols=" << cols << " chunk=" << chunk_elements);
+    }
+  }
+}
+
+static void test_init_matches_embedding() {
+  check_init_matches_embedding(11, 7, std::nullopt, 2, shardtorch::nn::kInitChunkElements);
+  check_init_matches_embedding(3, 5, 1, 2, shardtorch::nn::kInitChunkElements);  // < 16 elements
+  check_init_matches_embedding(2, 3, std::nullopt, 4, 1);  // tiny table, more ranks than rows
+  check_init_matches_embedding(50, 7, -1, 3, 40);  // 7 columns: chunks of 32 rows
+  check_init_matches_embedding(33, 16, 0, 2, 100);
+  check_init_matches_embedding(35, 3, 0, 2, 48);  // a 9-element tail joins the chunk before
+  check_init_matches_embedding(97, 6, 5, 4, 64);
+  check_init_matches_embedding(5, 3, std::nullopt, 2, 16);  // 15 elements, one chunk
+  // The default chunk: 2^20 / 701 -> 1488 rows per chunk.
+  check_init_matches_embedding(3001, 701, 17, 3, shardtorch::nn::kInitChunkElements);
+  EXPECT(shardtorch::nn::embedding_chunk_bounds(33, 16, 100) ==
+         (std::vector<shardtorch::nn::Range>{{0, 6}, {6, 12}, {12, 18}, {18, 24}, {24, 30}, {30, 33}}));
+  EXPECT(shardtorch::nn::embedding_chunk_bounds(35, 3, 48) ==
+         (std::vector<shardtorch::nn::Range>{{0, 16}, {16, 35}}));
+}
+
 static void test_unsharded_layer_is_linear() {
   torch::manual_seed(3);
   torch::nn::Linear reference(torch::nn::LinearOptions(6, 4));
@@ -123,6 +175,7 @@ int main() {
   test_shard_arithmetic();
   test_topology();
   test_init_matches_linear();
+  test_init_matches_embedding();
   test_unsharded_layer_is_linear();
   test_errors_outside_a_launcher();
   return shardtorch_test::finish("test_topology");
