@@ -3,6 +3,8 @@ rank left in a collective would stall its barrier). Mode:
   before_init  - calls made before init_process_group
   indivisible  - init_process_group with a group_size that does not divide the world
   full_size    - gather_replicated with a full_size whose shard fits some ranks only
+  row_one      - row-parallel ParallelLinear(1, 1, dim=0) fed the scattered input (rank 0's
+                 shard of 1 feature is the whole input: ranks disagree in backward)
 Prints one JSON line per rank: {"rank", "results": {name: "Type: message" or null}, "seconds"}."""
 import datetime
 import json
@@ -49,6 +51,16 @@ elif mode == "full_size":
     results["gather_replicated"] = attempt(lambda: ts.distributed.gather_replicated(torch.randn(2, 3), -1, full_size=7))
     seconds = time.monotonic() - start
     # Stay alive past the timeout, so that a peer left waiting is not freed by this rank's exit.
+    time.sleep(max(0.0, float(sys.argv[2]) + 2 - seconds))
+    print(json.dumps({"rank": rank, "results": results, "seconds": seconds}), flush=True)
+    os._exit(0)
+elif mode == "row_one":
+    ts.distributed.init_process_group(group_size=world, timeout=datetime.timedelta(seconds=float(sys.argv[2])))
+    layer = ts.nn.ParallelLinear(1, 1, bias=False, dim=0, dtype=torch.float64)
+    x = torch.ones(1, 1, dtype=torch.float64, requires_grad=True)
+    start = time.monotonic()
+    results["forward_backward"] = attempt(lambda: layer(ts.distributed.scatter(x, -1)).sum().backward())
+    seconds = time.monotonic() - start
     time.sleep(max(0.0, float(sys.argv[2]) + 2 - seconds))
     print(json.dumps({"rank": rank, "results": results, "seconds": seconds}), flush=True)
     os._exit(0)
