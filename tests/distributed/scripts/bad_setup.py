@@ -1,0 +1,68 @@
+"""Bad inputs that the case runner cannot host (it initialises first, and a
+rank left in a collective would stall its barrier). Mode:
+  before_init  - calls made before init_process_group
+  indivisible  - init_process_group with a group_size that does not divide the world
+  full_size    - gather_replicated with a full_size whose shard fits some ranks only
+  row_one      - row-parallel ParallelLinear(1, 1, dim=0) fed the scattered input (rank 0's
+                 shard of 1 feature is the whole input: ranks disagree in backward)
+Prints one JSON line per rank: {"rank", "results": {name: "Type: message" or null}, "seconds"}."""
+import datetime
+import json
+import os
+import sys
+import time
+
+import torch
+
+import shardtorch as ts
+
+mode = sys.argv[1]
+rank = int(os.environ["RANK"])
+world = int(os.environ["WORLD_SIZE"])
+
+
+def attempt(fn):
+    try:
+        fn()
+        return None
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        return f"{type(e).__name__}: {e}"
+
+
+results = {}
+start = time.monotonic()
+if mode == "before_init":
+    results["get_group_size"] = attempt(lambda: ts.distributed.get_group_size())
+    results["parallel_linear_module"] = attempt(lambda: ts.nn.ParallelLinear(4, 4, dim=1))
+    results["reduce_op"] = attempt(lambda: ts.distributed.reduce(torch.ones(2)))
+    results["cross_entropy"] = attempt(lambda: ts.nn.functional.parallel_cross_entropy(
+        torch.zeros(2, 3), torch.zeros(2, dtype=torch.long), parallel=True))
+elif mode == "indivisible":
+    results["init"] = attempt(lambda: ts.distributed.init_process_group(group_size=world + 1))
+    results["is_initialized_after"] = None if not ts.distributed.is_initialized() else "initialised"
+    # The failed call leaves nothing behind: a correct call works afterwards.
+    results["init_again"] = attempt(lambda: ts.distributed.init_process_group(group_size=world))
+    results["reduce_after"] = attempt(lambda: ts.distributed.reduce(torch.ones(2)))
+    ts.distributed.destroy_process_group()
+elif mode == "full_size":
+    ts.distributed.init_process_group(group_size=world, timeout=datetime.timedelta(seconds=float(sys.argv[2])))
+    # 7 over 2 ranks is 4 + 3: a [2, 3] tensor fits rank 1's shard, not rank 0's.
+    start = time.monotonic()
+    results["gather_replicated"] = attempt(lambda: ts.distributed.gather_replicated(torch.randn(2, 3), -1, full_size=7))
+    seconds = time.monotonic() - start
+    # Stay alive past the timeout, so that a peer left waiting is not freed by this rank's exit.
+    time.sleep(max(0.0, float(sys.argv[2]) + 2 - seconds))
+    print(json.dumps({"rank": rank, "results": results, "seconds": seconds}), flush=True)
+    os._exit(0)
+elif mode == "row_one":
+    ts.distributed.init_process_group(group_size=world, timeout=datetime.timedelta(seconds=float(sys.argv[2])))
+    layer = ts.nn.ParallelLinear(1, 1, bias=False, dim=0, dtype=torch.float64)
+    x = torch.ones(1, 1, dtype=torch.float64, requires_grad=True)
+    start = time.monotonic()
+    results["forward_backward"] = attempt(lambda: layer(ts.distributed.scatter(x, -1)).sum().backward())
+    seconds = time.monotonic() - start
+    time.sleep(max(0.0, float(sys.argv[2]) + 2 - seconds))
+    print(json.dumps({"rank": rank, "results": results, "seconds": seconds}), flush=True)
+    os._exit(0)
+print(json.dumps({"rank": rank, "results": results, "seconds": time.monotonic() - start}), flush=True)
+os._exit(0)
