@@ -34,6 +34,7 @@ from typing import Optional
 import torch
 
 from .. import _core  # noqa: F401  (registers the ops)
+from ..utils.parallel_dim import register_parallel_dim
 from .state import TENSOR_PARALLEL
 
 
@@ -46,7 +47,11 @@ def reduce(input: torch.Tensor, group: str = TENSOR_PARALLEL) -> torch.Tensor:
 
 
 def scatter(input: torch.Tensor, dim: int = -1, group: str = TENSOR_PARALLEL) -> torch.Tensor:
-    return torch.ops.shard.scatter(input, dim, group)
+    """This rank's slice along ``dim``, marked as sharded there (a following
+    row-parallel layer then reads it as its shard, even when it holds every
+    feature)."""
+    output = torch.ops.shard.scatter(input, dim, group)
+    return register_parallel_dim(output, dim - input.dim() if dim >= 0 else dim)
 
 
 def gather(input: torch.Tensor, dim: int = -1, group: str = TENSOR_PARALLEL,

@@ -47,6 +47,8 @@ class ParallelLinear(nn.Module):
         for name, value in (("in_features", in_features), ("out_features", out_features)):
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"ParallelLinear: {name} must be a non-negative int, got {value!r}")
+        if dtype is not None and not dtype.is_floating_point:
+            raise ValueError(f"ParallelLinear: dtype must be a floating point dtype, got {dtype}")
         self.in_features, self.out_features, self.dim, self.group = in_features, out_features, dim, group
         rank, size = (0, 1) if dim is None else (state.get_group_rank(group), state.get_group_size(group))
         self.group_rank, self.group_size = rank, size
@@ -86,10 +88,12 @@ class ParallelLinear(nn.Module):
             self.bias.copy_(bias)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        marked_sharded = False
         if not torch.jit.is_scripting():
             self._check_marked_input(input)
+            marked_sharded = is_sharded_on_last_dim(input)
         if self.dim == 0 and self.group_size > 1 and input.shape[-1] == self.in_features \
-                and input.shape[-1] == self.weight.shape[1]:
+                and input.shape[-1] == self.weight.shape[1] and not marked_sharded:
             # A whole input that the op would read as this rank's shard (only
             # when in_features < group size): slice it explicitly so that every
             # rank runs the same collectives.

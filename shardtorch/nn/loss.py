@@ -27,6 +27,9 @@ class ParallelCrossEntropyLoss(nn.Module):
                  num_classes: Optional[int] = None) -> None:
         super().__init__()
         TF._reduction_code(reduction, "ParallelCrossEntropyLoss")
+        for name, value in (("label_smoothing", label_smoothing), ("z_loss", z_loss)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"ParallelCrossEntropyLoss: {name} must be a float, got {value!r}")
         if not 0.0 <= label_smoothing <= 1.0:
             raise ValueError(f"ParallelCrossEntropyLoss: label_smoothing must be in [0, 1], "
                              f"got {label_smoothing!r}")

@@ -43,10 +43,6 @@ def case_parallel_linear_matches_nn_linear():
            dtype=st.sampled_from([torch.float64, torch.float64, torch.float64, torch.float32]),
            batch=batch_shapes, whole=st.booleans())
     def check(in_f, out_f, bias, dim, dtype, batch, whole):
-        # Known gap (docs/bad_inputs.md G6): a scattered input of in_features=1 is
-        # ambiguous on rank 0 (its shard is the whole) and backward hangs; not drawn here.
-        if dim == 0 and not whole and in_f == 1:
-            whole = True
         seen["n"] += 1
         _check_layer(in_f, out_f, bias, dim, dtype, batch, whole_input=whole or dim != 0)
 

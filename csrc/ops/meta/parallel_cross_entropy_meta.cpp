@@ -35,6 +35,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_meta(
   TORCH_CHECK(logits.dim() >= 1, op, ": logits must be [*, local_classes], got a scalar");
   check_floating(logits, "logits", op);
   check_cross_entropy_inputs(logits, logits.dim() - 1, target, op);
+  // A meta tensor among real ones routes the whole call here: refuse it
+  // rather than return an empty result.
+  if (weight.has_value() && weight->defined()) {
+    TORCH_CHECK(weight->device() == logits.device(), op, ": weight must be on the logits' device ",
+                logits.device(), ", got ", weight->device());
+  }
   const c10::SymInt rows = leading_rows(logits);
   at::Tensor loss = at::empty_symint(cross_entropy_loss_shape(target, reduction), logits.options());
   at::Tensor buffer = at::empty_symint({rows, logits.sym_size(-1)}, logits.options());
