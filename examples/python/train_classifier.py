@@ -64,6 +64,16 @@ def build_parser():
     p.add_argument("--save", default=None, help="directory to save a checkpoint to at the end (and every --save-every)")
     p.add_argument("--save-every", type=int, default=0, help="also save every N steps (default: only at the end)")
     p.add_argument("--resume", default=None, help="directory of a checkpoint to resume from")
+    p.add_argument("--auto-resume", action="store_true",
+                   help="resume from --save DIR when it holds a checkpoint (for torchrun --max-restarts)")
+    p.add_argument("--dtype", choices=["float32", "float64"], default="float32",
+                   help="parameter and data dtype (default: float32; float64 for exactness checks)")
+    p.add_argument("--dump-params", default=None,
+                   help="rank 0 saves the final unsharded state dict of the model to this file")
+    p.add_argument("--fail-at-step", type=int, default=None,
+                   help="fault injection for tests: --fail-rank exits abruptly before this step, "
+                        "on the first attempt only")
+    p.add_argument("--fail-rank", type=int, default=1, help="the rank --fail-at-step kills (default: 1)")
     p.add_argument("--no-compare", action="store_true",
                    help="skip measuring the unsharded equivalent at the end")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (one line per step on rank 0)")
@@ -170,19 +180,38 @@ def make_backbone(kind, features):
 
 # ----------------------------------------------------------------------------- checkpoints
 def save_checkpoint(directory, step, model_parts, optimizer, scaler):
-    """Model: one portable file (collected full tensors, loadable at any size).
-    Optimizer, scaler and step: one file per rank (its own shards' state)."""
+    """Model: one portable file per part (collected full tensors, loadable at
+    any size). Optimizer, scaler and step: one file per rank (its own shards'
+    state). Everything goes to DIR/step-N/; DIR/LATEST names the newest complete
+    one and is replaced last, so a rank killed mid-save leaves the previous
+    checkpoint in charge."""
     rank = ts.distributed.get_rank()
-    os.makedirs(directory, exist_ok=True)
+    version = os.path.join(directory, f"step-{step}")
+    os.makedirs(version, exist_ok=True)
     for name, module in model_parts.items():
         full = ts.collect_state_dict(module, module.state_dict(), dst=0)
         if rank == 0:
-            _atomic_save(full, os.path.join(directory, f"{name}.pt"))
+            _atomic_save(full, os.path.join(version, f"{name}.pt"))
     state = {"step": step, "optimizer": _optimizer_state(optimizer),
              "scaler": scaler.state_dict() if scaler is not None else None,
              "world_size": ts.distributed.get_world_size()}
-    _atomic_save(state, os.path.join(directory, f"rank{rank}.pt"))
+    _atomic_save(state, os.path.join(version, f"rank{rank}.pt"))
     dist.barrier()
+    if rank == 0:
+        latest = os.path.join(directory, "LATEST")
+        with open(latest + ".tmp", "w") as f:
+            f.write(f"step-{step}\n")
+        os.replace(latest + ".tmp", latest)
+    dist.barrier()
+
+
+def latest_checkpoint(directory):
+    """The newest complete checkpoint under DIR, or None."""
+    try:
+        with open(os.path.join(directory, "LATEST")) as f:
+            return os.path.join(directory, f.read().strip())
+    except FileNotFoundError:
+        return None
 
 
 def _optimizer_state(optimizer):
@@ -199,6 +228,7 @@ def _atomic_save(obj, path):
 
 def load_checkpoint(directory, model_parts, optimizer, scaler):
     rank = ts.distributed.get_rank()
+    directory = latest_checkpoint(directory) or directory
     for name, module in model_parts.items():
         full = torch.load(os.path.join(directory, f"{name}.pt"), weights_only=True) if rank == 0 else None
         module.load_state_dict(ts.relocate_state_dict(module, full, src=0))
@@ -250,8 +280,9 @@ def main(argv=None):
         data = SyntheticPatterns(args.classes, args.active_classes, args.image_size, args.seed)
         num_classes = args.classes
 
-    backbone = make_backbone(args.backbone, args.features).to(device)
-    head = ts.nn.ParallelLinear(args.features, num_classes, dim=1, device=device)
+    dtype = getattr(torch, args.dtype)
+    backbone = make_backbone(args.backbone, args.features).to(device=device, dtype=dtype)
+    head = ts.nn.ParallelLinear(args.features, num_classes, dim=1, device=device, dtype=dtype)
     model_parts = {"backbone": backbone, "head": head}
     model = ts.nn.parallel.DistributedDataParallel(
         ShardedClassifier(backbone, head, gather_batch=args.layout == "hybrid", fused_loss=args.fused_loss),
@@ -267,11 +298,15 @@ def main(argv=None):
     amp_dtype = torch.bfloat16 if device.type == "cpu" else torch.float16
     scaler = torch.amp.GradScaler("cuda") if args.amp and device.type == "cuda" else None
 
-    start_step = load_checkpoint(args.resume, model_parts, optimizer, scaler) if args.resume else 0
+    resume_from = args.resume
+    if args.auto_resume and args.save and latest_checkpoint(args.save):
+        resume_from = args.save
+    start_step = load_checkpoint(resume_from, model_parts, optimizer, scaler) if resume_from else 0
+    first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
 
     def train_step(step):
         images, labels = data.batch(step, replica, args.batch_size)
-        images, labels = images.to(device), labels.to(device)
+        images, labels = images.to(device=device, dtype=dtype), labels.to(device)
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast(device.type, dtype=amp_dtype, enabled=args.amp):
             loss, logits, labels = model(images, labels)
@@ -295,6 +330,8 @@ def main(argv=None):
     peak = PeakMemory(device)
     with peak:
         for step in range(start_step, args.steps):
+            if args.fail_at_step == step and rank == args.fail_rank and first_attempt:
+                os._exit(17)  # a rank dying mid-training, as a crash or a lost node would
             loss, correct, count = train_step(step)
             losses[step] = loss
             seen += args.batch_size * (world if args.layout == "hybrid" else replicas)
@@ -311,6 +348,11 @@ def main(argv=None):
         progress.close()
     if args.save:
         save_checkpoint(args.save, args.steps, model_parts, optimizer, scaler)
+    if args.dump_params:
+        full = {name: ts.collect_state_dict(module, module.state_dict(), dst=0)
+                for name, module in model_parts.items()}
+        if rank == 0:
+            torch.save(full, args.dump_params)
     if rank == 0 and args.log_json:
         import json
         with open(args.log_json, "w") as f:
@@ -356,9 +398,11 @@ def measure_unsharded_step(args, device, backbone, num_classes):
     (what each rank of plain DDP would need), measured the same way."""
     import copy
     torch.manual_seed(args.seed)
-    model = nn.Sequential(copy.deepcopy(backbone), nn.Linear(args.features, num_classes, device=device))
+    dtype = next(backbone.parameters()).dtype
+    model = nn.Sequential(copy.deepcopy(backbone),
+                          nn.Linear(args.features, num_classes, device=device, dtype=dtype))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
-    images = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device=device)
+    images = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device=device, dtype=dtype)
     labels = torch.randint(num_classes, (args.batch_size,), device=device)
     with PeakMemory(device) as peak:  # two steps: the second holds momentum buffers, as in training
         for _ in range(2):

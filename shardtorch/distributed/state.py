@@ -33,6 +33,18 @@ def _default_backend() -> str:
     return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
 
 
+def _elastic_store(timeout: datetime.timedelta):
+    """Under torchrun (its agent serves the store), a store whose keys are
+    scoped to this restart attempt: after a restart the workers must not read
+    the previous attempt's rendezvous keys (the dead ranks' addresses)."""
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if restart is None or os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
+        return None
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          int(os.environ["WORLD_SIZE"]), is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"shardtorch/attempt_{restart}", store)
+
+
 def init_process_group(group_size: int = 1, backend: Optional[str] = None,
                        timeout: Optional[datetime.timedelta] = None) -> None:
     """Creates the tensor-parallel and data-parallel groups.
@@ -59,8 +71,14 @@ def init_process_group(group_size: int = 1, backend: Optional[str] = None,
     timeout = timeout or DEFAULT_TIMEOUT
     owns = False
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend or _default_backend(), init_method="env://",
-                                timeout=timeout)
+        store = _elastic_store(timeout)
+        if store is not None:
+            dist.init_process_group(backend=backend or _default_backend(), store=store,
+                                    rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
+                                    timeout=timeout)
+        else:
+            dist.init_process_group(backend=backend or _default_backend(), init_method="env://",
+                                    timeout=timeout)
         owns = True
     world, rank = dist.get_world_size(), dist.get_rank()
     if world % group_size != 0:
