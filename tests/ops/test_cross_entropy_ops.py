@@ -214,24 +214,14 @@ def test_unmarked_input_uses_plain_cross_entropy_and_marked_uses_the_op():
 
 
 def _peak_bytes_of(fn):
-    """Peak of live CPU bytes allocated while ``fn`` runs, from the profiler's
-    allocator events ([memory] records from c10's CPU allocator, which see the
-    allocations inside C++ ops too): the running sum of allocations minus frees,
-    in the order they happened. CPU torch has no allocator statistics, and a
-    TorchDispatchMode would miss the temporaries inside the op."""
-    from torch.profiler import ProfilerActivity, profile
+    """Peak tensor bytes alive while fn runs beyond those alive before, counted
+    by shardtorch's CPU allocator tracking (it sees the temporaries inside C++
+    ops; CPU torch has no allocator statistics of its own)."""
+    from shardtorch.utils.memory import PeakMemory
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with PeakMemory("cpu") as peak:
         fn()
-    # The raw allocator records: prof.events() folds those made inside an op
-    # into the op's net usage, which hides the op's own peak.
-    records = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
-                     if e.name() == "[memory]")
-    live = peak = 0
-    for _, nbytes in records:
-        live += nbytes
-        peak = max(peak, live)
-    return peak
+    return peak.peak_bytes
 
 
 def test_fused_peak_memory_does_not_grow_with_classes():
