@@ -7,6 +7,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "comm/registry.h"
+#include "nn/embedding_init.h"
 #include "nn/init.h"
 #include "shardtorch/build_info.h"
 #include "topology/topology.h"
@@ -57,6 +58,17 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("weight"), py::arg("bias"), py::arg("in_features"), py::arg("out_features"),
       py::arg("out_range"), py::arg("in_range"), py::arg("chunk_elements"));
+  // The one exact Embedding initialisation, shared with the C++ ParallelEmbedding.
+  m.def(
+      "init_embedding_shard_",
+      [](at::Tensor weight, int64_t num_embeddings, int64_t embedding_dim,
+         shardtorch::nn::Range row_range, shardtorch::nn::Range col_range,
+         std::optional<int64_t> padding_idx, int64_t chunk_elements) {
+        shardtorch::nn::init_embedding_shard_(weight, num_embeddings, embedding_dim, row_range,
+                                              col_range, padding_idx, chunk_elements);
+      },
+      py::arg("weight"), py::arg("num_embeddings"), py::arg("embedding_dim"), py::arg("row_range"),
+      py::arg("col_range"), py::arg("padding_idx"), py::arg("chunk_elements"));
   m.def("install_cpu_memory_tracker", &shardtorch::utils::install_cpu_memory_tracker);
   m.def("cpu_memory_tracker_installed", &shardtorch::utils::cpu_memory_tracker_installed);
   m.def("cpu_memory_stats", [] {

@@ -13,22 +13,12 @@ Peak extra memory while constructing: one chunk of
 Shards for CUDA are drawn on the CPU generator and copied chunk by chunk (they
 equal ``torch.nn.Linear(...)`` built on the CPU, then moved).
 """
-import math
 
 import torch
 
 from .. import _C
 
 CHUNK_ELEMENTS = 1 << 20
-
-
-def linear_bounds(in_features: int):
-    """The uniform bounds torch.nn.Linear uses for its weight and its bias."""
-    gain = torch.nn.init.calculate_gain("leaky_relu", math.sqrt(5))
-    std = gain / math.sqrt(in_features) if in_features > 0 else 0.0
-    weight_bound = math.sqrt(3.0) * std
-    bias_bound = 1 / math.sqrt(in_features) if in_features > 0 else 0
-    return weight_bound, bias_bound
 
 
 def init_linear_shard_(weight: torch.Tensor, bias, in_features: int, out_features: int,
