@@ -7,6 +7,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <type_traits>
@@ -14,6 +15,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "comm/process_group_communicator.h"
+#include "comm/watchdog.h"
 
 #define SHARDTORCH_NCCL_CHECK(expr, what)                                                       \
   do {                                                                                         \
@@ -48,18 +50,31 @@ ncclDataType_t nccl_dtype(at::ScalarType type) {
 }
 
 // Makes the caller's current stream wait for work enqueued on the
-// communication stream.
+// communication stream; throws instead when the watchdog aborted the
+// communicator (the work's output is garbage then).
 class NcclHandle final : public CommHandle {
  public:
-  explicit NcclHandle(std::shared_ptr<at::cuda::CUDAEvent> done) : done_(std::move(done)) {}
+  NcclHandle(std::shared_ptr<at::cuda::CUDAEvent> done, std::shared_ptr<CollectiveWatchdog> watchdog)
+      : done_(std::move(done)), watchdog_(std::move(watchdog)) {}
   void wait() override {
+    watchdog_->check();
     if (done_) done_->block(at::cuda::getCurrentCUDAStream());
     done_.reset();
   }
 
  private:
   std::shared_ptr<at::cuda::CUDAEvent> done_;
+  std::shared_ptr<CollectiveWatchdog> watchdog_;
 };
+
+std::string nccl_async_error(ncclComm_t comm) {
+  ncclResult_t state = ncclSuccess;
+  ncclResult_t queried = ncclCommGetAsyncError(comm, &state);
+  if (queried != ncclSuccess) return std::string("ncclCommGetAsyncError failed: ") + ncclGetErrorString(queried);
+  if (state == ncclSuccess || state == ncclInProgress) return "";
+  const char* detail = ncclGetLastError(comm);
+  return std::string(ncclGetErrorString(state)) + (detail && *detail ? std::string(" (") + detail + ")" : "");
+}
 
 class NcclCommunicator final : public Communicator {
  public:
@@ -80,6 +95,21 @@ class NcclCommunicator final : public Communicator {
     SHARDTORCH_NCCL_CHECK(ncclCommInitRank(&raw, static_cast<int>(size_), id, static_cast<int>(rank_)),
                           "ncclCommInitRank for group '" + name_ + "'");
     comm_.reset(raw);
+
+    const std::string description = "group '" + name_ + "' (rank " + std::to_string(rank_) + " of " +
+                                    std::to_string(size_) + ", nccl on cuda:" +
+                                    std::to_string(device_) + ")";
+    WatchdogBackend backend;
+    backend.async_error = [raw] { return nccl_async_error(raw); };
+    backend.abort = [this] { abort(); };
+    watchdog_ = std::make_shared<CollectiveWatchdog>(description, group.timeout, std::move(backend),
+                                                     failure_policy_from_env());
+  }
+
+  ~NcclCommunicator() override {
+    // Stop watching before the communicator goes; an aborted one is already freed.
+    watchdog_.reset();
+    if (aborted_.load()) comm_.release();
   }
 
   int64_t rank() const override { return rank_; }
@@ -135,6 +165,13 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
+  // From the watchdog thread: makes the collectives in flight return. NCCL
+  // frees the communicator; the flag keeps everything else from touching it.
+  void abort() {
+    if (aborted_.exchange(true)) return;
+    ncclCommAbort(comm_.get());
+  }
+
   template <typename Launch>
   std::shared_ptr<CommHandle> enqueue(std::initializer_list<at::Tensor> tensors, const char* what,
                                       Launch&& launch) {
@@ -143,11 +180,15 @@ class NcclCommunicator final : public Communicator {
                   name_, "': tensors must be on cuda:", device_, ", got ", t.device());
       TORCH_CHECK(t.is_contiguous(), "shardtorch NCCL ", what, ": tensors must be contiguous");
     }
+    watchdog_->check();
     c10::cuda::CUDAGuard guard(device_);
     auto current = at::cuda::getCurrentCUDAStream(device_);
     at::cuda::CUDAEvent ready;
     ready.record(current);
     ready.block(stream_);
+    // The watchdog's clock starts when the inputs are ready, not at launch.
+    auto started = std::make_shared<at::cuda::CUDAEvent>();
+    started->record(stream_);
     // The caching allocator must not hand these blocks out again before the
     // communication stream is done with them.
     for (const auto& t : tensors) {
@@ -157,7 +198,9 @@ class NcclCommunicator final : public Communicator {
                           std::string(what) + " on group '" + name_ + "'");
     auto done = std::make_shared<at::cuda::CUDAEvent>();
     done->record(stream_);
-    return std::make_shared<NcclHandle>(std::move(done));
+    watchdog_->watch(what, [started] { return started->query(); },
+                     [done] { return done->query(); });
+    return std::make_shared<NcclHandle>(std::move(done), watchdog_);
   }
 
   std::string name_;
@@ -166,6 +209,9 @@ class NcclCommunicator final : public Communicator {
   c10::DeviceIndex device_;
   c10::cuda::CUDAStream stream_;
   NcclCommPtr comm_;
+  std::atomic<bool> aborted_{false};
+  // Declared last: destroyed first, so its thread never sees a half-gone communicator.
+  std::shared_ptr<CollectiveWatchdog> watchdog_;
 };
 
 // Plug NCCL in as the communicator for CUDA tensors when the library loads.

@@ -43,6 +43,19 @@ std::string known_names(const Registry& r) {
   return out.str();
 }
 
+// The timeout the CPU process group was created with; groups whose backend
+// does not say keep GroupInfo's default (300 s, as init_process_group's).
+std::chrono::milliseconds process_group_timeout(c10d::ProcessGroup& group,
+                                                std::chrono::milliseconds fallback) {
+  try {
+    auto backend = group.getBackend(c10::DeviceType::CPU);
+    if (backend) return backend->getBackendOptions()->timeout;
+  } catch (const std::exception&) {
+    // No CPU backend, or one that does not implement getBackendOptions.
+  }
+  return fallback;
+}
+
 }  // namespace
 
 void register_group(const std::string& name, c10::intrusive_ptr<c10d::ProcessGroup> process_group,
@@ -53,6 +66,7 @@ void register_group(const std::string& name, c10::intrusive_ptr<c10d::ProcessGro
   info.layout.name = name;
   info.layout.rank = process_group->getRank();
   info.layout.size = process_group->getSize();
+  info.timeout = process_group_timeout(*process_group, info.timeout);
   info.process_group = std::move(process_group);
   if (global_ranks.empty()) {
     for (int64_t r = 0; r < info.layout.size; ++r) global_ranks.push_back(r);

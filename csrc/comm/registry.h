@@ -10,6 +10,7 @@
 #include <c10/core/Device.h>
 #include <c10/util/intrusive_ptr.h>
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -38,6 +39,10 @@ struct GroupLayout {
 struct GroupInfo {
   GroupLayout layout;
   c10::intrusive_ptr<c10d::ProcessGroup> process_group;
+  // How long a collective may run before it fails: the CPU process group's
+  // timeout (init_process_group's `timeout`), which communicators that do not
+  // go through it (NCCL) enforce with their watchdog.
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
 };
 
 void register_group(const std::string& name, c10::intrusive_ptr<c10d::ProcessGroup> process_group,

@@ -9,6 +9,7 @@
 #include "comm/registry.h"
 #include "nn/embedding_init.h"
 #include "nn/init.h"
+#include "python/watchdog_binding.h"
 #include "shardtorch/build_info.h"
 #include "topology/topology.h"
 #include "utils/cpu_memory_tracker.h"
@@ -76,6 +77,8 @@ PYBIND11_MODULE(_C, m) {
     return py::make_tuple(stats.current_bytes, stats.peak_bytes);
   });
   m.def("reset_cpu_peak_memory", &shardtorch::utils::reset_cpu_peak_memory);
+
+  shardtorch::python::bind_watchdog(m);
 
   m.attr("cuda_built") = py::bool_(shardtorch::kBuiltWithCuda);
   m.attr("version") = shardtorch::kVersion;

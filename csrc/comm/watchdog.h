@@ -1,0 +1,105 @@
+#pragma once
+// Turns a collective that never finishes into an error instead of a hang.
+//
+// NCCL collectives run on a communication stream without the host waiting for
+// them, so nothing on the calling thread notices when a peer dies or stalls:
+// the kernel spins forever and so does every later synchronisation. The
+// watchdog follows each collective on its own thread. When one has been
+// running longer than the group's timeout, or the backend reports an
+// asynchronous error, it aborts the communicator (which makes the stuck
+// kernels return) and records a message naming the group, the collective and
+// its sequence number. What happens next is the failure policy:
+//
+//   terminate (default): print the message and end the process, because the
+//       aborted collective's output is garbage and the host thread may already
+//       be past the point where it could be told;
+//   raise: keep the process; every later use of the communicator (a launch or
+//       a handle's wait) throws the message. SHARDTORCH_ON_COMM_FAILURE=raise.
+//
+// Device-free: the backend plugs in through callbacks, so CPU tests drive it
+// with fakes (tests/unit/test_watchdog.py) and NCCL uses CUDA events.
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace shardtorch {
+namespace comm {
+
+enum class FailurePolicy { kTerminate, kRaise };
+
+// SHARDTORCH_ON_COMM_FAILURE: "terminate" (default) or "raise"; anything else
+// is an error naming the accepted values.
+FailurePolicy failure_policy_from_env();
+
+// What the watchdog needs of a backend.
+struct WatchdogBackend {
+  // An asynchronous error the backend has seen, or "" when there is none.
+  std::function<std::string()> async_error;
+  // Makes every collective in flight return; called once, from the watchdog thread.
+  std::function<void()> abort;
+};
+
+class CollectiveWatchdog {
+ public:
+  // `group` describes the communicator in messages, e.g. "group 'tp' (rank 0 of 2, nccl)".
+  CollectiveWatchdog(std::string group, std::chrono::milliseconds timeout, WatchdogBackend backend,
+                     FailurePolicy policy,
+                     std::chrono::milliseconds poll_interval = std::chrono::milliseconds(100));
+  ~CollectiveWatchdog();
+  CollectiveWatchdog(const CollectiveWatchdog&) = delete;
+  CollectiveWatchdog& operator=(const CollectiveWatchdog&) = delete;
+
+  // Follows one collective. started(): its inputs are ready and it runs (the
+  // timeout counts from the first poll that sees this, not from the launch, so
+  // a collective queued behind long compute is not blamed for it). done(): it
+  // finished. Both are polled from the watchdog thread; one that throws stops
+  // the watching of that collective (its error belongs to the caller).
+  // Returns the collective's sequence number on this communicator.
+  int64_t watch(std::string collective, std::function<bool()> started, std::function<bool()> done);
+
+  // Throws the recorded failure, if any. Call before each launch and in wait().
+  void check() const;
+  bool failed() const;
+  std::string failure() const;
+  // Collectives launched and not yet seen finished.
+  int64_t pending() const;
+
+ private:
+  struct Work {
+    int64_t sequence = 0;
+    std::string collective;
+    std::function<bool()> started;
+    std::function<bool()> done;
+    bool running = false;
+    std::chrono::steady_clock::time_point started_at;
+  };
+
+  void run();
+  // Polls every collective once; returns the failure message, or "".
+  std::string poll(std::vector<std::shared_ptr<Work>>& finished);
+  void fail(const std::string& message);
+
+  const std::string group_;
+  const std::chrono::milliseconds timeout_;
+  const WatchdogBackend backend_;
+  const FailurePolicy policy_;
+  const std::chrono::milliseconds poll_interval_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::vector<std::shared_ptr<Work>> work_;
+  int64_t next_sequence_ = 0;
+  std::string failure_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace comm
+}  // namespace shardtorch
