@@ -135,6 +135,12 @@ GroupInfo group_info(const std::string& name, const char* op) {
   return find_entry(r, name, op).info;
 }
 
+std::chrono::milliseconds group_timeout(const std::string& name, const char* op) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return find_entry(r, name, op).info.timeout;
+}
+
 std::shared_ptr<Communicator> communicator_for(const std::string& name, const c10::Device& device,
                                                const char* op) {
   auto& r = registry();

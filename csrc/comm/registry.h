@@ -59,6 +59,7 @@ std::vector<std::string> group_names();
 // Throw a clear error naming `op` when the group is unknown.
 GroupLayout group_layout(const std::string& name, const char* op);
 GroupInfo group_info(const std::string& name, const char* op);
+std::chrono::milliseconds group_timeout(const std::string& name, const char* op);
 std::shared_ptr<Communicator> communicator_for(const std::string& name, const c10::Device& device,
                                                const char* op);
 

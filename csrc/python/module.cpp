@@ -47,6 +47,14 @@ PYBIND11_MODULE(_C, m) {
   m.def("clear_groups", &shardtorch::comm::clear_groups);
   m.def("has_group", &shardtorch::comm::has_group, py::arg("name"));
   m.def("group_names", &shardtorch::comm::group_names);
+  m.def(
+      "group_timeout",
+      [](const std::string& name) {
+        return std::chrono::duration<double>(shardtorch::comm::group_timeout(name, "group_timeout"))
+            .count();
+      },
+      py::arg("name"),
+      "Seconds a collective of the group may run before it fails (what NCCL's watchdog enforces).");
 
   // The one exact Linear initialisation, shared with the C++ ParallelLinear.
   m.def(

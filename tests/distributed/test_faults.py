@@ -23,6 +23,8 @@ def test_peer_failure_becomes_an_error_within_the_timeout(mode):
     assert survivor is not None, results[0][1][-3000:]
     assert survivor["error"] is not None, "the surviving rank's op did not fail"
     assert "group 'tp'" in survivor["error"] and "all_reduce" in survivor["error"], survivor["error"]
+    # The C++ core knows the group's timeout too: NCCL's watchdog enforces it.
+    assert survivor["group_timeout"] == timeout, survivor
     # Detected within the timeout (plus slack for a loaded machine), not a hang.
     assert survivor["seconds"] < timeout + 10, survivor
     print(f"peer {mode}: error after {survivor['seconds']:.2f} s (timeout {timeout} s)")

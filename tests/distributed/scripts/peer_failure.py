@@ -47,5 +47,6 @@ try:
     error = None
 except RuntimeError as e:
     error = str(e)
-print(json.dumps({"seconds": time.monotonic() - start, "error": error}), flush=True)
+print(json.dumps({"seconds": time.monotonic() - start, "error": error,
+                  "group_timeout": ts._C.group_timeout("tp")}), flush=True)
 os._exit(0)
