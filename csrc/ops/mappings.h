@@ -9,7 +9,9 @@
 //   reduce_scatter reduce-scatter  | all-gather
 // Shards along `dim` follow the split rule of topology::shard_size (uneven
 // allowed). `full_size` tells gather ops the total length along `dim`; without
-// it the ops exchange shard sizes first (one extra tiny collective).
+// it the ops exchange shard sizes first (one extra tiny collective). On CPU and
+// under SHARDTORCH_DEBUG they exchange them with it too, so that a misfitting
+// input fails on every rank at once (mappings_kernels.cpp, sizes_from_full_size).
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/SymInt.h>

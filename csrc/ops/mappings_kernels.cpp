@@ -4,6 +4,11 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <sstream>
+#include <utility>
+
+#include "comm/debug_communicator.h"
 #include "comm/registry.h"
 #include "comm/sharded_collectives.h"
 #include "ops/op_checks.h"
@@ -13,19 +18,72 @@ namespace shardtorch {
 namespace ops {
 namespace {
 
+// Every rank's (shard length along dim, full_size), so that all of them see
+// the same verdict: one tiny all-gather.
+std::vector<std::pair<int64_t, int64_t>> exchange_shard_claims(comm::Communicator& communicator,
+                                                               int64_t local, int64_t total,
+                                                               const c10::Device& device) {
+  auto options = at::TensorOptions().dtype(at::kLong);
+  at::Tensor mine = at::tensor({local, total}, options).to(device);
+  at::Tensor all = at::empty({communicator.size() * 2}, options.device(device));
+  communicator.all_gather(mine, all);
+  at::Tensor host = all.cpu();
+  const int64_t* values = host.data_ptr<int64_t>();
+  std::vector<std::pair<int64_t, int64_t>> claims;
+  for (int64_t r = 0; r < communicator.size(); ++r) claims.emplace_back(values[2 * r], values[2 * r + 1]);
+  return claims;
+}
+
+// With full_size the ranks know every shard's length without asking. A rank
+// whose input does not fit must not fail alone, though: its peers would enter
+// the all-gather and wait for the timeout. Where it costs no host sync (CPU:
+// Gloo waits on the host anyway) or the user asked for checks
+// (SHARDTORCH_DEBUG), the ranks first exchange what they hold and all fail
+// together; on CUDA otherwise the check is local and the peers of a failing
+// rank fail by the communicator's timeout (docs/bad_inputs.md, G5).
+std::vector<int64_t> sizes_from_full_size(comm::Communicator& communicator, const at::Tensor& input,
+                                          int64_t dim, int64_t total, const char* op) {
+  const int64_t world = communicator.size();
+  const int64_t rank = communicator.rank();
+  TORCH_CHECK(total >= 0, op, ": full_size must be >= 0, got ", total);
+  auto sizes = topology::shard_sizes(total, world);
+  const bool agree_first = world > 1 && (input.device().is_cpu() || comm::debug_mode_enabled());
+  if (!agree_first) {
+    TORCH_CHECK(sizes[rank] == input.size(dim), op, ": input.size(", dim, ") must be rank ", rank,
+                "'s shard of full_size=", total, " over ", world, " ranks (", sizes[rank], "), got ",
+                input.size(dim));
+    return sizes;
+  }
+  auto claims = exchange_shard_claims(communicator, input.size(dim), total, input.device());
+  std::vector<int64_t> totals, held;
+  for (const auto& claim : claims) {
+    held.push_back(claim.first);
+    totals.push_back(claim.second);
+  }
+  TORCH_CHECK(std::all_of(totals.begin(), totals.end(), [&](int64_t t) { return t == total; }), op,
+              ": the ranks of the group pass different full_size values ", c10::IntArrayRef(totals),
+              " (in rank order)");
+  if (held != sizes) {
+    std::ostringstream wrong;
+    for (int64_t r = 0; r < world; ++r) {
+      if (held[r] != sizes[r]) {
+        wrong << (wrong.tellp() > 0 ? ", " : "") << "rank " << r << " holds " << held[r]
+              << " instead of " << sizes[r];
+      }
+    }
+    TORCH_CHECK(false, op, ": input.size(", dim, ") must be each rank's shard of full_size=", total,
+                " over ", world, " ranks ", c10::IntArrayRef(sizes), ", but ", wrong.str(),
+                " (this rank is ", rank, ")");
+  }
+  return sizes;
+}
+
 std::vector<int64_t> gathered_sizes(comm::Communicator& communicator, const at::Tensor& input,
                                     int64_t dim, const std::optional<c10::SymInt>& full_size,
                                     const char* op) {
   const int64_t world = communicator.size();
-  const int64_t rank = communicator.rank();
   if (full_size.has_value()) {
-    const int64_t total = full_size->guard_int(__FILE__, __LINE__);
-    TORCH_CHECK(total >= 0, op, ": full_size must be >= 0, got ", total);
-    auto sizes = topology::shard_sizes(total, world);
-    TORCH_CHECK(sizes[rank] == input.size(dim), op, ": input.size(", dim, ") must be rank ", rank,
-                "'s shard of full_size=", total, " over ", world, " ranks (", sizes[rank],
-                "), got ", input.size(dim));
-    return sizes;
+    return sizes_from_full_size(communicator, input, dim, full_size->guard_int(__FILE__, __LINE__), op);
   }
   auto sizes = comm::exchange_sizes(communicator, input.size(dim), input.device());
   int64_t total = 0;

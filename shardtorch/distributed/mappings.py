@@ -27,7 +27,12 @@ gradient that is the same on every rank.
 
 Slices follow the split rule (the first ``n % size`` ranks hold one more), so
 uneven sizes work everywhere. ``full_size`` tells the gathers the total length
-along ``dim``; without it they exchange shard sizes first (one tiny collective).
+along ``dim`` (and torch.compile the output shape); without it they exchange
+shard sizes first (one tiny collective). On CPU, and on CUDA under
+SHARDTORCH_DEBUG=1, they exchange them with ``full_size`` too, so that a rank
+whose input does not fit makes every rank fail at once instead of leaving its
+peers waiting in the gather; on CUDA otherwise the check is local (no host
+synchronisation) and the peers fail at the communicator's timeout.
 """
 from typing import Optional
 

@@ -62,14 +62,17 @@ def test_group_size_that_does_not_divide_the_world_fails_on_every_rank_and_leave
         assert results["init_again"] is None and results["reduce_after"] is None, results
 
 
-@pytest.mark.xfail(strict=True, reason="known gap: the rank whose shard fits enters the all-gather and "
-                                        "waits for the timeout instead of failing at once")
-def test_gap_gather_full_size_that_fits_some_ranks_only():
-    timeout = 4.0
+def test_gather_full_size_that_fits_some_ranks_only_fails_on_every_rank_at_once():
+    """Was known gap G5: the rank whose shard fitted entered the all-gather and
+    waited for the timeout. The ranks now compare what they hold first."""
+    timeout = 8.0
     for line in _per_rank("full_size", timeout):
         error = line["results"]["gather_replicated"]
-        assert error is not None and "full_size" in error, f"rank {line['rank']}: {error}"
-        assert line["seconds"] < 1.0, f"rank {line['rank']} waited {line['seconds']:.1f} s"
+        assert error is not None and "full_size=7" in error, f"rank {line['rank']}: {error}"
+        assert "rank 0 holds 3 instead of 4" in error, error
+        error = line["results"]["different_full_size"]
+        assert error is not None and "different full_size values [7, 8]" in error, f"rank {line['rank']}: {error}"
+        assert line["seconds"] < timeout / 2, f"rank {line['rank']} waited {line['seconds']:.1f} s"
 
 
 def test_row_parallel_one_feature_scattered_input():

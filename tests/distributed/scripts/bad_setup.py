@@ -2,7 +2,8 @@
 rank left in a collective would stall its barrier). Mode:
   before_init  - calls made before init_process_group
   indivisible  - init_process_group with a group_size that does not divide the world
-  full_size    - gather_replicated with a full_size whose shard fits some ranks only
+  full_size    - gathers with a full_size whose shard fits some ranks only, and with
+                 full_size values that differ across ranks
   row_one      - row-parallel ParallelLinear(1, 1, dim=0) fed the scattered input (rank 0's
                  shard of 1 feature is the whole input: ranks disagree in backward)
 Prints one JSON line per rank: {"rank", "results": {name: "Type: message" or null}, "seconds"}."""
@@ -49,6 +50,9 @@ elif mode == "full_size":
     # 7 over 2 ranks is 4 + 3: a [2, 3] tensor fits rank 1's shard, not rank 0's.
     start = time.monotonic()
     results["gather_replicated"] = attempt(lambda: ts.distributed.gather_replicated(torch.randn(2, 3), -1, full_size=7))
+    # Shards of 7 (4 + 3), but rank 1 says full_size=8: its own check fails, rank 0's passes.
+    results["different_full_size"] = attempt(lambda: ts.distributed.all_gather(
+        torch.randn(2, 4 - rank), -1, full_size=7 + rank))
     seconds = time.monotonic() - start
     # Stay alive past the timeout, so that a peer left waiting is not freed by this rank's exit.
     time.sleep(max(0.0, float(sys.argv[2]) + 2 - seconds))
