@@ -75,11 +75,12 @@ void ParallelLinearImpl::pretty_print(std::ostream& stream) const {
 
 torch::Tensor ParallelLinearImpl::forward(const torch::Tensor& input) {
   torch::Tensor x = input;
-  if (options.dim() == 0 && group_size > 1 && x.size(-1) == options.in_features() &&
-      x.size(-1) == weight.size(1)) {
-    // A whole input the op would read as this rank's shard (only when
-    // in_features < group size): slice it explicitly so every rank runs the
-    // same collectives, as the Python layer does.
+  const int64_t in_features = options.in_features();
+  if (options.dim() == 0 && group_size > 1 && x.size(-1) == in_features &&
+      topology::shard_size(in_features, group_size, 0) == in_features) {
+    // A whole input the op would read as rank 0's shard (in_features <= 1
+    // over several ranks): every rank slices it explicitly, so that all of
+    // them run the same collectives, as the Python layer does.
     x = ops::scatter(x, -1, options.group());
   }
   std::optional<at::Tensor> maybe_bias;

@@ -52,6 +52,9 @@ class ParallelLinear(nn.Module):
         self.in_features, self.out_features, self.dim, self.group = in_features, out_features, dim, group
         rank, size = (0, 1) if dim is None else (state.get_group_rank(group), state.get_group_size(group))
         self.group_rank, self.group_size = rank, size
+        # Rank 0's shard of the input features is all of them (in_features <= 1
+        # over several ranks): the op would read a whole input as that shard.
+        self._whole_input_is_ambiguous = size > 1 and _C.shard_size(in_features, size, 0) == in_features
         out_range, in_range = (0, out_features), (0, in_features)
         if dim in (1, -1):
             out_range = _shard_range(out_features, size, rank)
@@ -92,11 +95,11 @@ class ParallelLinear(nn.Module):
         if not torch.jit.is_scripting():
             self._check_marked_input(input)
             marked_sharded = is_sharded_on_last_dim(input)
-        if self.dim == 0 and self.group_size > 1 and input.shape[-1] == self.in_features \
-                and input.shape[-1] == self.weight.shape[1] and not marked_sharded:
-            # A whole input that the op would read as this rank's shard (only
-            # when in_features < group size): slice it explicitly so that every
-            # rank runs the same collectives.
+        if self.dim == 0 and self._whole_input_is_ambiguous and input.shape[-1] == self.in_features \
+                and not marked_sharded:
+            # A whole input that the op would read as rank 0's shard: every
+            # rank slices it explicitly, so that all of them run the same
+            # collectives in forward and backward.
             input = torch.ops.shard.scatter(input, -1, self.group)
         output = torch.ops.shard.parallel_linear(input, self.weight, self.bias, self.dim, self.group)
         if not torch.jit.is_scripting():
