@@ -489,8 +489,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> parallel_linear_cross_entropy_bac
             comm::communicator_for(group, input.device(), op)->all_reduce_async(grad_input_acc);
       }
     }
-    if (output_mask[1]) grad_weight.narrow(0, begin, width).copy_(at::mm(chunk.t(), x));
-    if (grad_bias.defined()) grad_bias.narrow(0, begin, width).copy_(chunk.sum(0));
+    // Written in place: a row slice of the contiguous gradient is contiguous,
+    // so no chunk-sized temporary is needed.
+    if (output_mask[1]) {
+      at::Tensor rows_of_grad = grad_weight.narrow(0, begin, width);
+      at::mm_out(rows_of_grad, chunk.t(), x);
+    }
+    if (grad_bias.defined()) {
+      at::Tensor rows_of_grad = grad_bias.narrow(0, begin, width);
+      at::sum_out(rows_of_grad, chunk, 0);
+    }
   }
   at::Tensor grad_input;
   if (output_mask[0]) {
