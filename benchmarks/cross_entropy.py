@@ -1,4 +1,4 @@
-"""Parallel cross-entropy side by side on 2 CPU ranks (Gloo):
+"""Parallel cross-entropy side by side:
 
   shardtorch CE          torch.ops.shard.parallel_cross_entropy on a logits shard
   shardtorch linear+CE   ParallelLinear(dim=1) then the parallel loss
@@ -7,47 +7,31 @@
                          torch.distributed.tensor.parallel.loss_parallel()
   unsharded              F.cross_entropy on the whole logits (every rank)
 
-Per rank: median step time (forward + backward) and the peak of bytes
-allocated during the step beyond its inputs (gradients included: for the
-linear variants that is the weight gradient, [local_classes, hidden]) (CPU allocator events from
-torch.profiler, see _peak_extra_bytes), plus a sweep of that peak against the
-class count at the largest batch.
+Per rank: median step time (forward + backward, the methods interleaved) and
+the peak of tensor memory allocated during the step beyond its inputs
+(gradients included: for the linear variants that is the weight gradient,
+[local_classes, hidden]), measured with common.peak_memory (exact CPU
+allocator accounting; the CUDA allocator's statistics on GPU); plus a sweep of
+that peak against the class count at the largest batch.
 
     python benchmarks/cross_entropy.py [--classes 100000] [--batches 64,1024]
         [--hidden 256] [--iters 3] [--out benchmarks]
+    python benchmarks/cross_entropy.py --device cuda --world-size 1   # one rank per GPU (NCCL)
 
-Without RANK in the environment it launches its own 2 ranks.
+It launches its own ranks (2 by default).
 """
 import argparse
 import json
 import os
-import statistics
-import subprocess
 import sys
-import tempfile
-import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
 
-
-def _peak_extra_bytes(fn):
-    """Running sum of the CPU allocator's alloc/free events while fn runs."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    # The raw allocator records: prof.events() folds those made inside an op
-    # into the op's net usage, which hides the op's own peak.
-    records = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
-                     if e.name() == "[memory]")
-    live = peak = 0
-    for _, nbytes in records:
-        live += nbytes
-        peak = max(peak, live)
-    return peak
+REPO = common.REPO
 
 
-def _methods(batch, classes, hidden):
+def _methods(batch, classes, hidden, device):
     import torch
     import torch.nn.functional as F
     from torch.distributed.device_mesh import init_device_mesh
@@ -60,17 +44,17 @@ def _methods(batch, classes, hidden):
     local = ts._C.shard_size(classes, size, rank)
     offset = ts._C.shard_offset(classes, size, rank)
     g = torch.Generator().manual_seed(0)
-    target = torch.randint(0, classes, (batch,), generator=g)
-    shard = torch.randn(batch, local)
-    x = torch.randn(batch, hidden)
-    w = torch.randn(local, hidden) * 0.05
-    mesh = init_device_mesh("cpu", (size,))
+    target = torch.randint(0, classes, (batch,), generator=g).to(device)
+    shard = torch.randn(batch, local, generator=g).to(device)
+    x = torch.randn(batch, hidden, generator=g).to(device)
+    w = (torch.randn(local, hidden, generator=g) * 0.05).to(device)
+    mesh = init_device_mesh(device, (size,))
 
     # Inputs are leaves made once, outside the measured steps, so that a step
     # counts only what the loss itself allocates (gradients included).
     shard_leaf = shard.clone().requires_grad_()
     x_leaf, w_leaf = x.clone().requires_grad_(), w.clone().requires_grad_()
-    full = torch.randn(batch, classes) if batch * classes <= 2 ** 28 else None
+    full = torch.randn(batch, classes, device=device) if batch * classes <= 2 ** 28 else None
     full_leaf = full.requires_grad_() if full is not None else None
 
     def reset(*leaves):
@@ -120,60 +104,39 @@ def _rank_main(args):
     import shardtorch as ts
 
     torch.set_num_threads(1)
+    if args.device == "cuda":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    sync = torch.cuda.synchronize if args.device == "cuda" else None
     ts.distributed.init_process_group(group_size=int(os.environ["WORLD_SIZE"]))
-    rank = dist.get_rank()
+
+    def peak_of(fn):
+        dist.barrier()
+        with common.peak_memory(args.device) as peak:
+            fn()
+        return peak.peak_bytes
+
     results = {"steps": [], "sweep": []}
     for batch in args.batches:
-        for name, fn in _methods(batch, args.classes, args.hidden).items():
-            fn()  # warm-up
-            dist.barrier()
-            times = []
-            for _ in range(args.iters):
-                dist.barrier()
-                start = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - start)
-            dist.barrier()
-            peak = _peak_extra_bytes(fn)
-            results["steps"].append({"batch": batch, "method": name,
-                                     "seconds": statistics.median(times), "peak_bytes": peak})
+        methods = _methods(batch, args.classes, args.hidden, args.device)
+        dist.barrier()
+        seconds = common.time_interleaved(methods, args.iters, warmup=1, sync=sync)
+        for name, fn in methods.items():
+            results["steps"].append({"batch": batch, "method": name, "seconds": seconds[name],
+                                     "peak_bytes": peak_of(fn)})
     sweep_batch = max(args.batches)
     for classes in args.sweep:
-        for name, fn in _methods(sweep_batch, classes, args.hidden).items():
-            dist.barrier()
-            results["sweep"].append({"classes": classes, "method": name,
-                                     "peak_bytes": _peak_extra_bytes(fn)})
-    with open(os.path.join(args.tmp, f"rank{rank}.json"), "w") as f:
-        json.dump(results, f)
+        for name, fn in _methods(sweep_batch, classes, args.hidden, args.device).items():
+            results["sweep"].append({"classes": classes, "method": name, "peak_bytes": peak_of(fn)})
+    common.write_result(results)
     ts.distributed.destroy_process_group()
-
-
-def _launch(args):
-    with tempfile.TemporaryDirectory() as tmp:
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        procs = []
-        for rank in range(2):
-            env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
-                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
-                       PYTHONPATH=REPO)
-            procs.append(subprocess.Popen([sys.executable, __file__, "--tmp", tmp] + sys.argv[1:],
-                                          env=env))
-        for p in procs:
-            if p.wait() != 0:
-                raise SystemExit(f"a rank failed with {p.returncode}")
-        with open(os.path.join(tmp, "rank0.json")) as f:
-            return json.load(f)
 
 
 def _report(args, results):
     mib = 1024 * 1024
     base = {(r["batch"]): r["seconds"] for r in results["steps"]
             if r["method"] == "torch loss_parallel (DTensor)"}
-    lines = [f"### Parallel cross-entropy, 2 CPU ranks (Gloo, 1 thread each), {args.classes} classes, "
+    where = ("CPU ranks (Gloo, 1 thread each)" if args.device == "cpu" else "GPUs (NCCL)")
+    lines = [f"### Parallel cross-entropy, {args.world_size} {where}, {args.classes} classes, "
              f"hidden {args.hidden} for the linear variants", "",
              "| batch | method | step (ms) | vs loss_parallel | peak extra MiB per rank |",
              "|---:|---|---:|---:|---:|"]
@@ -190,19 +153,22 @@ def _report(args, results):
     for method in dict.fromkeys(r["method"] for r in results["sweep"]):
         pts = [(r["classes"], r["peak_bytes"] / mib) for r in results["sweep"] if r["method"] == method]
         ax.plot(*zip(*pts), marker="o", label=method)
-    ax.set_xlabel("classes (total, over 2 ranks)")
+    ax.set_xlabel(f"classes (total, over {args.world_size} ranks)")
     ax.set_ylabel("peak extra MiB per rank (forward + backward)")
     ax.set_title(f"Cross-entropy memory, batch {max(args.batches)}")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(os.path.join(args.out, "cross_entropy_memory.png"), dpi=120)
-    with open(os.path.join(args.out, "cross_entropy_results.json"), "w") as f:
+    suffix = "" if args.device == "cpu" else f"_{args.device}"
+    fig.savefig(os.path.join(args.out, f"cross_entropy_memory{suffix}.png"), dpi=120)
+    with open(os.path.join(args.out, f"cross_entropy_results{suffix}.json"), "w") as f:
         json.dump(results, f, indent=1)
     return "\n".join(lines)
 
 
 def main():
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--classes", type=int, default=100_000)
     parser.add_argument("--batches", type=lambda s: [int(v) for v in s.split(",")], default=[64, 1024])
     parser.add_argument("--sweep", type=lambda s: [int(v) for v in s.split(",")],
@@ -210,12 +176,14 @@ def main():
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--out", default=os.path.join(REPO, "benchmarks"))
-    parser.add_argument("--tmp", default=None)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if "RANK" in os.environ:
+    if args.worker:
         _rank_main(args)
-    else:
-        _report(args, _launch(args))
+        return
+    argv = [a for a in sys.argv[1:]] + ["--worker"]
+    ranks = common.launch(os.path.abspath(__file__), args.world_size, argv)
+    _report(args, ranks[0])
 
 
 if __name__ == "__main__":
