@@ -195,8 +195,10 @@ at::Tensor combine_over_group(comm::Communicator& communicator, const at::Tensor
   const double eps = options.label_smoothing;
   const double C = static_cast<double>(layout.num_classes);
   const at::Tensor valid = target.ne(options.ignore_index);
-  at::Tensor row_loss = (1.0 - eps) * target_weight * (lse - target_logit) +
-                        (eps / C) * (weight_sum * lse - weighted_sum);
+  at::Tensor row_loss = (1.0 - eps) * target_weight * (lse - target_logit);
+  // Only with smoothing: masked (-inf) logits make the weighted sum -inf, and
+  // 0 * -inf would turn torch's finite loss into NaN.
+  if (eps != 0.0) row_loss = row_loss + (eps / C) * (weight_sum * lse - weighted_sum);
   if (options.z_loss != 0.0) row_loss = row_loss + options.z_loss * lse * lse;
   row_loss = at::where(valid, row_loss, at::zeros_like(row_loss));
 

@@ -20,6 +20,31 @@ def _inputs(rows=5, classes=7, dtype=torch.float64, seed=0):
     return logits, target, weight
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("smoothing", [0.0, 0.2])
+def test_masked_logits_match_torch(world_of_one, dtype, weighted, smoothing):
+    """Classes masked out with -inf (not the target): torch's loss is finite
+    without smoothing and +inf with it; the gradient of masked classes is 0.
+    (Was NaN: the smoothing term 0 * -inf entered the loss unconditionally.)"""
+    logits, target, weight = _inputs(rows=6, classes=3000, seed=3)
+    logits[:, :1000] = float("-inf")
+    logits[2, 1000:2999] = float("-inf")  # a row with a single live class
+    target = target.clamp_min(1000)
+    target[2] = 2999
+    w = weight if weighted else None
+    x = logits.to(dtype).clone().requires_grad_()
+    loss = ts.nn.functional.parallel_cross_entropy(x, target, w, -100, "none", smoothing, 0.0, parallel=True)
+    x_ref = logits.clone().requires_grad_()
+    ref = torch.nn.functional.cross_entropy(x_ref, target, w, reduction="none", label_smoothing=smoothing)
+    tol = 1e-10 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(loss.double(), ref, rtol=tol, atol=tol)
+    if smoothing == 0.0:
+        loss.sum().backward()
+        ref.sum().backward()
+        torch.testing.assert_close(x.grad.double(), x_ref.grad, rtol=tol, atol=tol)
+
+
 @pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("smoothing,z_loss", [(0.0, 0.0), (0.2, 0.0), (0.1, 1e-2)])
