@@ -1,13 +1,11 @@
-// Parallel cross-entropy on CPU: the row passes as plain loops (one read of
-// each logit per pass, accumulated in float32 or float64), Gloo for the
-// collectives, ATen's matrix products for the fused classifier.
+// Parallel cross-entropy on CPU: the row passes as ATen operations over
+// blocks of rows (accumulated in float32, float64 for float64 logits), Gloo for
+// the collectives, ATen's matrix products for the fused classifier.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
-#include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include <cmath>
-#include <limits>
+#include <algorithm>
 
 #include "ops/parallel_cross_entropy_entry_points.h"
 #include "ops/parallel_cross_entropy_impl.h"
@@ -16,79 +14,100 @@ namespace shardtorch {
 namespace ops {
 namespace {
 
-// Rows per parallel task: enough work to amortise a task.
-int64_t rows_per_task(int64_t cols) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(cols, 1)); }
+// The passes run as ATen operations over blocks of rows: ATen picks its
+// vectorised (AVX2/AVX-512) exp, max and cascade-summation kernels at run
+// time, which hand-written loops in this library, compiled for baseline
+// x86-64, cannot. A block holds about 2^20 elements, so the temporaries stay
+// small next to the [rows, classes] data.
+constexpr int64_t kBlockElements = int64_t(1) << 20;
+
+int64_t rows_per_block(int64_t cols) { return std::max<int64_t>(1, kBlockElements / std::max<int64_t>(cols, 1)); }
+
+// `block` in the stats dtype: itself when it already is, else a converted copy.
+at::Tensor in_stats_dtype(const at::Tensor& block, at::ScalarType acc) {
+  return block.scalar_type() == acc ? block : block.to(acc);
+}
+
+template <typename scalar_t, typename acc_t>
+void fold_targets(const at::Tensor& x, int64_t row0, int64_t col_begin, const int64_t* target_data,
+                  const acc_t* w_data, acc_t* stats_data) {
+  const int64_t rows = x.size(0), cols = x.size(1);
+  const scalar_t* x_data = x.const_data_ptr<scalar_t>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t t = target_data[row0 + r] - col_begin;
+    if (t < 0 || t >= cols) continue;
+    acc_t* s = stats_data + (row0 + r) * kNumRowStats;
+    s[kRowTargetLogit] = static_cast<acc_t>(x_data[r * cols + t]);
+    s[kRowTargetWeight] = w_data ? w_data[col_begin + t] : acc_t(1);
+  }
+}
 
 template <typename scalar_t, typename acc_t>
 void accumulate_rows(const at::Tensor& logits, int64_t col_begin, const at::Tensor& target_local,
                      const at::Tensor& weight_local, const at::Tensor& stats,
                      const at::Tensor& copy_to) {
   const int64_t rows = logits.size(0), cols = logits.size(1);
-  const scalar_t* x_data = logits.const_data_ptr<scalar_t>();
-  const int64_t* target_data = target_local.const_data_ptr<int64_t>();
-  const acc_t* w_data = weight_local.defined() ? weight_local.const_data_ptr<acc_t>() : nullptr;
-  acc_t* stats_data = stats.data_ptr<acc_t>();
-  scalar_t* copy_data = copy_to.defined() ? copy_to.data_ptr<scalar_t>() : nullptr;
-  constexpr acc_t kNegInf = -std::numeric_limits<acc_t>::infinity();
-
-  at::parallel_for(0, rows, rows_per_task(cols), [&](int64_t first, int64_t last) {
-    for (int64_t r = first; r < last; ++r) {
-      const scalar_t* x = x_data + r * cols;
-      acc_t* s = stats_data + r * kNumRowStats;
-      // Online max / sum-exp: each logit is read once.
-      acc_t run_max = s[kRowMax], run_sum = s[kRowSumExp], weighted = 0;
-      for (int64_t j = 0; j < cols; ++j) {
-        const acc_t v = static_cast<acc_t>(x[j]);
-        if (copy_data) copy_data[r * cols + j] = x[j];
-        weighted += (w_data ? w_data[col_begin + j] : acc_t(1)) * v;
-        if (v > run_max) {
-          run_sum = (run_max == kNegInf ? acc_t(0) : run_sum * std::exp(run_max - v)) + acc_t(1);
-          run_max = v;
-        } else if (v != kNegInf) {
-          run_sum += std::exp(v - run_max);
-        }
-      }
-      s[kRowMax] = run_max;
-      s[kRowSumExp] = run_sum;
-      s[kRowWeightedSum] += weighted;
-      const int64_t t = target_data[r] - col_begin;
-      if (t >= 0 && t < cols) {
-        s[kRowTargetLogit] = static_cast<acc_t>(x[t]);
-        s[kRowTargetWeight] = w_data ? w_data[col_begin + t] : acc_t(1);
-      }
-    }
-  });
+  if (rows == 0 || cols == 0) return;
+  const at::ScalarType acc = stats.scalar_type();
+  const at::Tensor w_cols = weight_local.defined() ? weight_local.narrow(0, col_begin, cols) : at::Tensor();
+  const int64_t step = rows_per_block(cols);
+  for (int64_t row0 = 0; row0 < rows; row0 += step) {
+    const int64_t n = std::min(step, rows - row0);
+    const at::Tensor x = logits.narrow(0, row0, n);
+    if (copy_to.defined()) copy_to.narrow(0, row0, n).copy_(x);
+    const at::Tensor xa = in_stats_dtype(x, acc);
+    at::Tensor s = stats.narrow(0, row0, n);
+    at::Tensor run_max = s.select(1, kRowMax), run_sum = s.select(1, kRowSumExp);
+    // Merge this block's max and sum-exp into the running ones (a shard may
+    // come in column chunks). A row whose logits are all -inf keeps max -inf
+    // and sum 0; the shift by 0 keeps (-inf) - (-inf) out.
+    const at::Tensor new_max = at::maximum(run_max, xa.amax(1));
+    const at::Tensor shift = at::where(at::isneginf(new_max), at::zeros_like(new_max), new_max);
+    const at::Tensor block_sum = at::sub(xa, shift.unsqueeze(1)).exp_().sum(1);
+    run_sum.mul_(at::sub(run_max, shift).exp_()).add_(block_sum);
+    run_max.copy_(new_max);
+    s.select(1, kRowWeightedSum).add_(w_cols.defined() ? at::mv(xa, w_cols) : xa.sum(1));
+    fold_targets<scalar_t, acc_t>(x, row0, col_begin, target_local.const_data_ptr<int64_t>(),
+                                  weight_local.defined() ? weight_local.const_data_ptr<acc_t>() : nullptr,
+                                  stats.data_ptr<acc_t>());
+  }
 }
 
 template <typename scalar_t, typename acc_t>
 void softmax_grad_rows(const at::Tensor& values, int64_t col_begin, const at::Tensor& target_local,
                        const at::Tensor& weight_local, const at::Tensor& coefs) {
   const int64_t rows = values.size(0), cols = values.size(1);
-  scalar_t* v_data = values.data_ptr<scalar_t>();
+  if (rows == 0 || cols == 0) return;
+  const at::ScalarType acc = coefs.scalar_type();
+  const at::Tensor w_cols = weight_local.defined() ? weight_local.narrow(0, col_begin, cols) : at::Tensor();
   const int64_t* target_data = target_local.const_data_ptr<int64_t>();
-  const acc_t* w_data = weight_local.defined() ? weight_local.const_data_ptr<acc_t>() : nullptr;
   const acc_t* c_data = coefs.const_data_ptr<acc_t>();
-
-  at::parallel_for(0, rows, rows_per_task(cols), [&](int64_t first, int64_t last) {
-    for (int64_t r = first; r < last; ++r) {
-      scalar_t* v = v_data + r * cols;
-      const acc_t* c = c_data + r * kNumGradCoefs;
-      const acc_t lse = c[kCoefLse], grad_scale = c[kCoefGradScale];
-      const acc_t smooth = c[kCoefSmoothScale];
-      if (grad_scale == acc_t(0) && smooth == acc_t(0)) {  // ignored row
-        std::fill(v, v + cols, scalar_t(0));
+  const int64_t step = rows_per_block(cols);
+  for (int64_t row0 = 0; row0 < rows; row0 += step) {
+    const int64_t n = std::min(step, rows - row0);
+    at::Tensor v = values.narrow(0, row0, n);
+    at::Tensor g = in_stats_dtype(v, acc);
+    const at::Tensor c = coefs.narrow(0, row0, n);
+    g.sub_(c.select(1, kCoefLse).unsqueeze(1)).exp_().mul_(c.select(1, kCoefGradScale).unsqueeze(1));
+    const at::Tensor smooth = c.select(1, kCoefSmoothScale).unsqueeze(1);
+    if (w_cols.defined()) {
+      g.addcmul_(smooth, w_cols.unsqueeze(0), -1);
+    } else {
+      g.sub_(smooth);
+    }
+    acc_t* g_data = g.data_ptr<acc_t>();
+    for (int64_t r = 0; r < n; ++r) {
+      const acc_t* cr = c_data + (row0 + r) * kNumGradCoefs;
+      acc_t* gr = g_data + r * cols;
+      if (cr[kCoefGradScale] == acc_t(0) && cr[kCoefSmoothScale] == acc_t(0)) {  // ignored row
+        std::fill(gr, gr + cols, acc_t(0));  // whatever its logits were (inf * 0 is nan)
         continue;
       }
-      const int64_t t = target_data[r] - col_begin;  // outside [0, cols): not here
-      const acc_t target_scale = c[kCoefTargetScale];
-      for (int64_t j = 0; j < cols; ++j) {
-        const acc_t p = std::exp(static_cast<acc_t>(v[j]) - lse);
-        acc_t g = grad_scale * p - smooth * (w_data ? w_data[col_begin + j] : acc_t(1));
-        if (j == t) g -= target_scale;
-        v[j] = static_cast<scalar_t>(g);
-      }
+      const int64_t t = target_data[row0 + r] - col_begin;  // outside [0, cols): not here
+      if (t >= 0 && t < cols) gr[t] -= cr[kCoefTargetScale];
     }
-  });
+    if (!g.is_same(v)) v.copy_(g);
+  }
 }
 
 class CpuCrossEntropyKernels final : public CrossEntropyKernels {
