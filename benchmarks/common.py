@@ -24,6 +24,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _repo_path() -> str:
+    """What the ranks' PYTHONPATH starts with: this checkout when its shardtorch
+    holds the compiled core, else nothing (a git worktree has the sources but
+    not _C*.so: putting it first would hide the installed, built shardtorch)."""
+    built = any(name.startswith("_C") and name.endswith((".so", ".pyd"))
+                for name in os.listdir(os.path.join(REPO, "shardtorch")))
+    return REPO + os.pathsep if built else ""
+
+
 def launch(script: str, world_size: int, args: list, timeout: float = 1800) -> list:
     """Runs ``script`` on ``world_size`` ranks (torchrun's environment) and
     returns each rank's JSON result (the script writes it to $BENCH_OUT)."""
@@ -35,7 +44,7 @@ def launch(script: str, world_size: int, args: list, timeout: float = 1800) -> l
                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                        OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
                        BENCH_OUT=os.path.join(out_dir, f"rank{rank}.json"),
-                       PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+                       PYTHONPATH=_repo_path() + os.environ.get("PYTHONPATH", ""))
             procs.append(subprocess.Popen([sys.executable, script] + [str(a) for a in args], env=env))
         for p in procs:
             if p.wait(timeout=timeout) != 0:
