@@ -3,7 +3,7 @@
 // with the classifier): argument checks, which classes this rank holds, the one
 // all-gather of per-row statistics, the loss formula and the gradient
 // coefficients. The passes over [rows, classes] data come from a
-// CrossEntropyKernels (loops on CPU, custom kernels on CUDA), so both devices
+// CrossEntropyKernels (ATen operations over row blocks on CPU, custom kernels on CUDA), so both devices
 // share one algorithm.
 
 #include <ATen/core/Tensor.h>
