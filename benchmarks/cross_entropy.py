@@ -43,11 +43,11 @@ def _methods(batch, classes, hidden, device):
     size, rank = ts.distributed.get_group_size(), ts.distributed.get_group_rank()
     local = ts._C.shard_size(classes, size, rank)
     offset = ts._C.shard_offset(classes, size, rank)
-    g = torch.Generator().manual_seed(0)
-    target = torch.randint(0, classes, (batch,), generator=g).to(device)
-    shard = torch.randn(batch, local, generator=g).to(device)
-    x = torch.randn(batch, hidden, generator=g).to(device)
-    w = (torch.randn(local, hidden, generator=g) * 0.05).to(device)
+    g = torch.Generator(device=device).manual_seed(0)
+    target = torch.randint(0, classes, (batch,), generator=g, device=device)
+    shard = torch.randn(batch, local, generator=g, device=device)
+    x = torch.randn(batch, hidden, generator=g, device=device)
+    w = torch.randn(local, hidden, generator=g, device=device) * 0.05
     mesh = init_device_mesh(device, (size,))
 
     # Inputs are leaves made once, outside the measured steps, so that a step

@@ -26,7 +26,6 @@ $PY -m pytest tests/gpu -q -x 2>&1 | tee "$OUT/gpu-tests.log" || status=1
 # rank (no communication), which still compares kernels and memory.
 $PY benchmarks/parallel_linear.py --device cuda --world-size 1 --batch 8192 --in-features 4096 \
   --out-features 16384 --repeats 20 2>&1 | tee "$OUT/bench-linear.log" || status=1
-for bench in benchmarks/cross_entropy.py; do
-  [ -f "$bench" ] && { $PY "$bench" --device cuda 2>&1 | tee "$OUT/$(basename "$bench" .py).log" || status=1; }
-done
+$PY benchmarks/cross_entropy.py --device cuda --world-size 1 --classes 1000000 --batches 1024,4096 \
+  --sweep 125000,250000,500000,1000000 --iters 10 --out "$OUT" 2>&1 | tee "$OUT/bench-cross-entropy.log" || status=1
 exit $status
