@@ -107,8 +107,9 @@ class NcclCommunicator final : public Communicator {
   }
 
   ~NcclCommunicator() override {
-    // Stop watching before the communicator goes; an aborted one is already freed.
-    watchdog_.reset();
+    // Stop watching before the communicator goes (handles may keep the
+    // watchdog object alive, not its thread); an aborted one is already freed.
+    watchdog_->stop();
     if (aborted_.load()) comm_.release();
   }
 

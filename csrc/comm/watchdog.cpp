@@ -36,13 +36,15 @@ CollectiveWatchdog::CollectiveWatchdog(std::string group, std::chrono::milliseco
   thread_ = std::thread([this] { run(); });
 }
 
-CollectiveWatchdog::~CollectiveWatchdog() {
+CollectiveWatchdog::~CollectiveWatchdog() { stop(); }
+
+void CollectiveWatchdog::stop() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
   }
   wake_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
 }
 
 int64_t CollectiveWatchdog::watch(std::string collective, std::function<bool()> started,

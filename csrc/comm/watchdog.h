@@ -64,6 +64,11 @@ class CollectiveWatchdog {
   // Returns the collective's sequence number on this communicator.
   int64_t watch(std::string collective, std::function<bool()> started, std::function<bool()> done);
 
+  // Stops following collectives and joins the thread (idempotent). The owner
+  // calls it before the backend the callbacks use goes away: handles may keep
+  // the watchdog itself alive longer, for check().
+  void stop();
+
   // Throws the recorded failure, if any. Call before each launch and in wait().
   void check() const;
   bool failed() const;

@@ -76,6 +76,11 @@ void bind_watchdog(py::module& m) {
       .def_property_readonly("failed", [](WatchdogForTesting& self) { return self.get().failed(); })
       .def_property_readonly("failure", [](WatchdogForTesting& self) { return self.get().failure(); })
       .def_property_readonly("pending", [](WatchdogForTesting& self) { return self.get().pending(); })
+      .def("stop",
+           [](WatchdogForTesting& self) {
+             py::gil_scoped_release release;
+             self.get().stop();
+           })
       .def("close", &WatchdogForTesting::close)
       .def("__enter__", [](WatchdogForTesting& self) -> WatchdogForTesting& { return self; },
            py::return_value_policy::reference)

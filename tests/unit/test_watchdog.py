@@ -148,6 +148,20 @@ def test_a_callback_that_raises_stops_watching_that_collective_only():
         assert "all_gather #1" in watchdog.failure
 
 
+def test_a_stopped_watchdog_no_longer_aborts_but_still_answers():
+    """The communicator stops it before its NCCL state goes; handles that
+    outlive the communicator may still ask it."""
+    backend = FakeBackend()
+    with _watchdog(backend, timeout=0.2) as watchdog:
+        stuck = FakeCollective()
+        watchdog.watch("all_reduce", stuck.started, stuck.done)
+        watchdog.stop()
+        watchdog.stop()  # idempotent
+        time.sleep(0.5)
+        assert not watchdog.failed and backend.aborts == []
+        watchdog.check()
+
+
 @pytest.mark.parametrize("bad", [0.0, -1.0])
 def test_timeout_must_be_positive(bad):
     with pytest.raises(RuntimeError, match="timeout must be positive"):
