@@ -103,6 +103,32 @@ bool debug_mode_enabled() {
   return value && std::strcmp(value, "") != 0 && std::strcmp(value, "0") != 0;
 }
 
+void check_same_on_every_rank(Communicator& communicator, const at::Tensor& tensor,
+                              const char* what, const char* op) {
+  const int64_t world = communicator.size();
+  if (world == 1) return;
+  TORCH_CHECK(!at::isFloatingType(tensor.scalar_type()) && !at::isComplexType(tensor.scalar_type()),
+              "check_same_on_every_rank: integer tensors only, got ", tensor.scalar_type());
+  const at::Tensor flat = tensor.contiguous().view({-1});
+  at::Tensor gathered = at::empty({world * flat.numel()}, flat.options());
+  // Through the debug communicator, so that differing sizes are named first.
+  communicator.all_gather(flat, gathered);
+  const at::Tensor blocks = gathered.view({world, flat.numel()}).to(at::kCPU, at::kLong);
+  const std::vector<int64_t> global_ranks =
+      group_layout(communicator.group_name(), op).global_ranks;
+  for (int64_t r = 1; r < world; ++r) {
+    const at::Tensor differs = blocks[r].ne(blocks[0]);
+    if (!differs.any().item<bool>()) continue;
+    const int64_t at_element = differs.nonzero()[0][0].item<int64_t>();
+    TORCH_CHECK(false, "SHARDTORCH_DEBUG: ", op, ": every rank of group '", communicator.group_name(),
+                "' must hold the same ", what, ", but global rank ", global_ranks[r],
+                "'s differs from global rank ", global_ranks[0], "'s (first at element ", at_element,
+                ": ", blocks[r][at_element].item<int64_t>(), " vs ",
+                blocks[0][at_element].item<int64_t>(), "; this is global rank ",
+                global_ranks[communicator.rank()], ")");
+  }
+}
+
 std::shared_ptr<Communicator> make_debug_communicator(std::shared_ptr<Communicator> inner,
                                                       const GroupInfo& group) {
   return std::make_shared<DebugCommunicator>(std::move(inner), group);

@@ -4,6 +4,7 @@
 
 #include <limits>
 
+#include "comm/debug_communicator.h"
 #include "comm/registry.h"
 #include "comm/sharded_collectives.h"
 #include "ops/op_checks.h"
@@ -339,6 +340,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> parallel_cross_entropy_forward_im
   const ClassLayout layout =
       resolve_class_layout(*communicator, local, num_classes, logits.device(), kForward, check);
   const at::Tensor target_flat = target.reshape({rows});
+  if (comm::debug_mode_enabled()) {
+    comm::check_same_on_every_rank(*communicator, target_flat, "target", kForward);
+  }
   check_targets(target_flat, options.ignore_index, layout.num_classes, kForward);
   const at::Tensor weight_local = local_class_weight(weight, layout, acc, logits.device(), kForward, check);
   const at::Tensor target_local =
@@ -417,6 +421,9 @@ std::tuple<at::Tensor, at::Tensor> parallel_linear_cross_entropy_forward_impl(
   const ClassLayout layout =
       resolve_class_layout(*communicator, local, num_classes, input.device(), op, check);
   const at::Tensor target_flat = target.reshape({rows});
+  if (comm::debug_mode_enabled()) {
+    comm::check_same_on_every_rank(*communicator, target_flat, "target", op);
+  }
   check_targets(target_flat, options.ignore_index, layout.num_classes, op);
   const at::Tensor weight_local = local_class_weight(class_weight, layout, acc, input.device(), op, check);
   const at::Tensor target_local =
