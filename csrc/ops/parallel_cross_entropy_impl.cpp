@@ -39,7 +39,7 @@ struct ClassLayout {
 // the failure travels in the gathered statistics and every rank raises after
 // it (see combine_over_group).
 struct LocalCheck {
-  enum Code : int64_t { kOk = 0, kShardSize = 1, kWeightSize = 2 };
+  enum Code : int64_t { kOk = 0, kShardSize = 1, kWeightSize = 2, kTarget = 3 };
   int64_t code = kOk;
   std::string message;
   void fail(Code c, std::string m) {
@@ -51,8 +51,11 @@ struct LocalCheck {
 };
 
 const char* describe(int64_t code) {
-  return code == LocalCheck::kShardSize ? "its logits' class count is not its shard of the classes"
-                                        : "its class weight has neither its shard's nor all classes' size";
+  switch (code) {
+    case LocalCheck::kShardSize: return "its logits' class count is not its shard of the classes";
+    case LocalCheck::kWeightSize: return "its class weight has neither its shard's nor all classes' size";
+    default: return "a target value out of range (its targets differ from this rank's)";
+  }
 }
 
 int64_t leading_rows(const at::Tensor& t) {
@@ -94,17 +97,19 @@ ClassLayout resolve_class_layout(comm::Communicator& communicator, int64_t local
   return layout;
 }
 
-// Every rank holds the same targets, so every rank raises here, before any
-// collective that a failing peer would leave hanging.
+// Every rank should hold the same targets and then fails alike; a rank whose
+// targets differ must not leave the others waiting in the all-gather, so the
+// failure travels with the statistics like the other local checks.
 void check_targets(const at::Tensor& target, int64_t ignore_index, int64_t num_classes,
-                   const char* op) {
+                   const char* op, LocalCheck& check) {
   if (target.numel() == 0) return;
   const at::Tensor bad = target.ne(ignore_index).logical_and(
       target.lt(0).logical_or(target.ge(num_classes)));
   if (bad.any().item<bool>()) {
     const int64_t value = target.masked_select(bad).view(-1)[0].item<int64_t>();
-    TORCH_CHECK(false, op, ": target values must be in [0, num_classes=", num_classes,
-                ") or equal ignore_index=", ignore_index, ", got ", value);
+    check.fail(LocalCheck::kTarget, c10::str(op, ": target values must be in [0, num_classes=",
+                                             num_classes, ") or equal ignore_index=", ignore_index,
+                                             ", got ", value));
   }
 }
 
@@ -343,7 +348,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> parallel_cross_entropy_forward_im
   if (comm::debug_mode_enabled()) {
     comm::check_same_on_every_rank(*communicator, target_flat, "target", kForward);
   }
-  check_targets(target_flat, options.ignore_index, layout.num_classes, kForward);
+  check_targets(target_flat, options.ignore_index, layout.num_classes, kForward, check);
   const at::Tensor weight_local = local_class_weight(weight, layout, acc, logits.device(), kForward, check);
   const at::Tensor target_local =
       local_targets(target_flat, options.ignore_index,
@@ -424,7 +429,7 @@ std::tuple<at::Tensor, at::Tensor> parallel_linear_cross_entropy_forward_impl(
   if (comm::debug_mode_enabled()) {
     comm::check_same_on_every_rank(*communicator, target_flat, "target", op);
   }
-  check_targets(target_flat, options.ignore_index, layout.num_classes, op);
+  check_targets(target_flat, options.ignore_index, layout.num_classes, op, check);
   const at::Tensor weight_local = local_class_weight(class_weight, layout, acc, input.device(), op, check);
   const at::Tensor target_local =
       local_targets(target_flat, options.ignore_index,

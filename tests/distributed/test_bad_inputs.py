@@ -75,6 +75,22 @@ def test_gather_full_size_that_fits_some_ranks_only_fails_on_every_rank_at_once(
         assert line["seconds"] < timeout / 2, f"rank {line['rank']} waited {line['seconds']:.1f} s"
 
 
+def test_loss_target_out_of_range_on_one_rank_fails_on_every_rank_at_once():
+    """Targets should agree across the group; when one rank's do not and are
+    out of range there, its failure travels with the loss's statistics and
+    every rank raises, instead of the others waiting for the timeout."""
+    timeout = 8.0
+    for line in _per_rank("target_one_rank", timeout):
+        for name in ("plain", "fused"):
+            error = line["results"][name]
+            assert error is not None, f"rank {line['rank']} {name}: no error"
+            if line["rank"] == 1:
+                assert "target values must be in [0, num_classes=11)" in error and "got 99" in error, error
+            else:
+                assert "group rank 1 failed a check: a target value out of range" in error, error
+        assert line["seconds"] < timeout / 2, f"rank {line['rank']} waited {line['seconds']:.1f} s"
+
+
 def test_row_parallel_one_feature_scattered_input():
     """Was known gap G6: ts.distributed.scatter marks its output as sharded, so a
     row-parallel layer of 1 input feature reads rank 0's shard (the whole

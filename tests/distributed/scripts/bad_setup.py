@@ -4,6 +4,7 @@ rank left in a collective would stall its barrier). Mode:
   indivisible  - init_process_group with a group_size that does not divide the world
   full_size    - gathers with a full_size whose shard fits some ranks only, and with
                  full_size values that differ across ranks
+  target_one_rank - a parallel loss whose targets are out of range on one rank only
   row_one      - row-parallel ParallelLinear(1, 1, dim=0) fed the scattered input (rank 0's
                  shard of 1 feature is the whole input: ranks disagree in backward)
 Prints one JSON line per rank: {"rank", "results": {name: "Type: message" or null}, "seconds"}."""
@@ -55,6 +56,22 @@ elif mode == "full_size":
         torch.randn(2, 4 - rank), -1, full_size=7 + rank))
     seconds = time.monotonic() - start
     # Stay alive past the timeout, so that a peer left waiting is not freed by this rank's exit.
+    time.sleep(max(0.0, float(sys.argv[2]) + 2 - seconds))
+    print(json.dumps({"rank": rank, "results": results, "seconds": seconds}), flush=True)
+    os._exit(0)
+elif mode == "target_one_rank":
+    ts.distributed.init_process_group(group_size=world, timeout=datetime.timedelta(seconds=float(sys.argv[2])))
+    # Only rank 1's targets are out of range (its data differs): it must not
+    # leave rank 0 waiting in the loss's all-gather.
+    target = torch.tensor([1, 2, 99 if rank == 1 else 3])
+    logits = torch.randn(3, ts._C.shard_size(11, world, rank), requires_grad=True)
+    x, w = torch.randn(3, 4), ts.nn.ParallelLinear(4, 11, dim=1).weight
+    start = time.monotonic()
+    results["plain"] = attempt(lambda: ts.nn.functional.parallel_cross_entropy(logits, target, parallel=True,
+                                                                               num_classes=11))
+    results["fused"] = attempt(lambda: ts.nn.functional.parallel_linear_cross_entropy(x, w, None, target,
+                                                                                     num_classes=11))
+    seconds = time.monotonic() - start
     time.sleep(max(0.0, float(sys.argv[2]) + 2 - seconds))
     print(json.dumps({"rank": rank, "results": results, "seconds": seconds}), flush=True)
     os._exit(0)
