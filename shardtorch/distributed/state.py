@@ -71,6 +71,13 @@ def init_process_group(group_size: int = 1, backend: Optional[str] = None,
     timeout = timeout or DEFAULT_TIMEOUT
     owns = False
     if not dist.is_initialized():
+        # Refuse a group size that cannot work before anything is created:
+        # tearing a fresh torch.distributed down again races with the peers
+        # (one may still talk to the store that the other is closing).
+        world_env = os.environ.get("WORLD_SIZE", "")
+        if world_env.isdigit() and int(world_env) % group_size != 0:
+            raise ValueError(f"init_process_group: group_size must divide the world size {world_env}, "
+                             f"got {group_size}")
         store = _elastic_store(timeout)
         if store is not None:
             dist.init_process_group(backend=backend or _default_backend(), store=store,
