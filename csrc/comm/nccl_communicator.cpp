@@ -4,10 +4,14 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <nccl.h>
 
 #include <atomic>
+#include <chrono>
+#include <mutex>
+#include <shared_mutex>
 #include <cstring>
 #include <memory>
 #include <type_traits>
@@ -72,9 +76,26 @@ std::string nccl_async_error(ncclComm_t comm) {
   ncclResult_t queried = ncclCommGetAsyncError(comm, &state);
   if (queried != ncclSuccess) return std::string("ncclCommGetAsyncError failed: ") + ncclGetErrorString(queried);
   if (state == ncclSuccess || state == ncclInProgress) return "";
+  // NCCL's last error is per process, not per communicator: a hint only.
   const char* detail = ncclGetLastError(comm);
-  return std::string(ncclGetErrorString(state)) + (detail && *detail ? std::string(" (") + detail + ")" : "");
+  return std::string(ncclGetErrorString(state)) +
+         (detail && *detail ? std::string(" (NCCL's last error: ") + detail + ")" : "");
 }
+
+// A collective as the watchdog sees it. It is watched from before its launch:
+// a launch that blocks on the host (connecting to a dead peer) counts from the
+// registration, by the host clock; once launched, from its start event.
+struct LaunchState {
+  std::shared_ptr<at::cuda::CUDAEvent> started;
+  std::shared_ptr<at::cuda::CUDAEvent> done;  // set before `launched`
+  std::atomic<bool> launched{false};
+  std::atomic<bool> launch_failed{false};     // its error went to the caller
+  bool is_started() const { return !launched.load(std::memory_order_acquire) || started->query(); }
+  bool is_done() const {
+    if (launch_failed.load(std::memory_order_acquire)) return true;
+    return launched.load(std::memory_order_acquire) && done->query();
+  }
+};
 
 class NcclCommunicator final : public Communicator {
  public:
@@ -102,6 +123,14 @@ class NcclCommunicator final : public Communicator {
     WatchdogBackend backend;
     backend.async_error = [raw] { return nccl_async_error(raw); };
     backend.abort = [this] { abort(); };
+    const c10::DeviceIndex device = device_;
+    backend.on_thread_start = [device] {
+      c10::cuda::set_device(device);
+      // Polling events must not invalidate a CUDA graph that another thread
+      // is capturing in the global mode.
+      cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal;
+      cudaThreadExchangeStreamCaptureMode(&mode);
+    };
     watchdog_ = std::make_shared<CollectiveWatchdog>(description, group.timeout, std::move(backend),
                                                      failure_policy_from_env());
   }
@@ -109,8 +138,15 @@ class NcclCommunicator final : public Communicator {
   ~NcclCommunicator() override {
     // Stop watching before the communicator goes (handles may keep the
     // watchdog object alive, not its thread); an aborted one is already freed.
+    const bool work_pending = watchdog_->pending() > 0;
     watchdog_->stop();
-    if (aborted_.load()) comm_.release();
+    if (aborted_.load()) {
+      comm_.release();
+    } else if (work_pending) {
+      // ncclCommDestroy waits for collectives in flight, which a peer that
+      // never joined would make forever: abort instead.
+      ncclCommAbort(comm_.release());
+    }
   }
 
   int64_t rank() const override { return rank_; }
@@ -166,9 +202,14 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
-  // From the watchdog thread: makes the collectives in flight return. NCCL
-  // frees the communicator; the flag keeps everything else from touching it.
+  // From the watchdog thread (raise policy): makes the collectives in flight
+  // return. NCCL frees the communicator; the flag, set under the launch lock
+  // when a launch is not stuck, keeps later launches from touching it. A
+  // launch stuck on the host past the wait is what the abort must unblock.
   void abort() {
+    std::unique_lock<std::shared_timed_mutex> lock(launch_mutex_, std::defer_lock);
+    const bool exclusive = lock.try_lock_for(std::chrono::seconds(2));
+    (void)exclusive;
     if (aborted_.exchange(true)) return;
     ncclCommAbort(comm_.get());
   }
@@ -181,27 +222,37 @@ class NcclCommunicator final : public Communicator {
                   name_, "': tensors must be on cuda:", device_, ", got ", t.device());
       TORCH_CHECK(t.is_contiguous(), "shardtorch NCCL ", what, ": tensors must be contiguous");
     }
+    std::shared_lock<std::shared_timed_mutex> launching(launch_mutex_);
     watchdog_->check();
+    TORCH_CHECK(!aborted_.load(), "shardtorch NCCL ", what, " on group '", name_,
+                "': the communicator was aborted after a failed collective");
     c10::cuda::CUDAGuard guard(device_);
     auto current = at::cuda::getCurrentCUDAStream(device_);
     at::cuda::CUDAEvent ready;
     ready.record(current);
     ready.block(stream_);
     // The watchdog's clock starts when the inputs are ready, not at launch.
-    auto started = std::make_shared<at::cuda::CUDAEvent>();
-    started->record(stream_);
+    auto state = std::make_shared<LaunchState>();
+    state->started = std::make_shared<at::cuda::CUDAEvent>();
+    state->started->record(stream_);
     // The caching allocator must not hand these blocks out again before the
     // communication stream is done with them.
     for (const auto& t : tensors) {
       c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream_);
     }
-    SHARDTORCH_NCCL_CHECK(launch(stream_.stream()),
-                          std::string(what) + " on group '" + name_ + "'");
-    auto done = std::make_shared<at::cuda::CUDAEvent>();
-    done->record(stream_);
-    watchdog_->watch(what, [started] { return started->query(); },
-                     [done] { return done->query(); });
-    return std::make_shared<NcclHandle>(std::move(done), watchdog_);
+    watchdog_->watch(what, [state] { return state->is_started(); },
+                     [state] { return state->is_done(); });
+    try {
+      SHARDTORCH_NCCL_CHECK(launch(stream_.stream()),
+                            std::string(what) + " on group '" + name_ + "'");
+      state->done = std::make_shared<at::cuda::CUDAEvent>();
+      state->done->record(stream_);
+    } catch (...) {
+      state->launch_failed.store(true, std::memory_order_release);
+      throw;
+    }
+    state->launched.store(true, std::memory_order_release);
+    return std::make_shared<NcclHandle>(state->done, watchdog_);
   }
 
   std::string name_;
@@ -211,6 +262,8 @@ class NcclCommunicator final : public Communicator {
   c10::cuda::CUDAStream stream_;
   NcclCommPtr comm_;
   std::atomic<bool> aborted_{false};
+  // Shared by launches, taken (briefly, if it can) by abort().
+  std::shared_timed_mutex launch_mutex_;
   // Declared last: destroyed first, so its thread never sees a half-gone communicator.
   std::shared_ptr<CollectiveWatchdog> watchdog_;
 };

@@ -83,6 +83,14 @@ int64_t CollectiveWatchdog::pending() const {
 }
 
 void CollectiveWatchdog::run() {
+  if (backend_.on_thread_start) {
+    try {
+      backend_.on_thread_start();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "shardtorch watchdog for %s: thread setup failed: %s\n", group_.c_str(),
+                   e.what());
+    }
+  }
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
     // Idle until there is work; then poll at the interval.
@@ -134,9 +142,11 @@ std::string CollectiveWatchdog::poll(std::vector<std::shared_ptr<Work>>& finishe
     out << std::fixed << std::setprecision(1) << "shardtorch: " << oldest_running->collective
         << " #" << oldest_running->sequence << " on " << group_ << " has not finished " << seconds
         << " s after it started (timeout " << timeout_.count() / 1000.0
-        << " s): a peer has probably died or stalled. The communicator was aborted.";
+        << " s): a peer has probably died or stalled.";
     message = out.str();
-  } else if (!snapshot.empty() && backend_.async_error) {
+  } else if (finished.size() < snapshot.size() && backend_.async_error) {
+    // Only while work is unfinished: a peer that exits cleanly after the last
+    // collective may leave an error behind that concerns nobody.
     std::string error;
     try {
       error = backend_.async_error();
@@ -146,8 +156,7 @@ std::string CollectiveWatchdog::poll(std::vector<std::shared_ptr<Work>>& finishe
     if (!error.empty()) {
       auto& first = oldest_running ? oldest_running : snapshot.front();
       message = "shardtorch: " + group_ + " reported an asynchronous error during " +
-                first->collective + " #" + std::to_string(first->sequence) + ": " + error +
-                ". The communicator was aborted.";
+                first->collective + " #" + std::to_string(first->sequence) + ": " + error + ".";
     }
   }
   if (!finished.empty()) {
@@ -163,11 +172,16 @@ std::string CollectiveWatchdog::poll(std::vector<std::shared_ptr<Work>>& finishe
   return message;
 }
 
-void CollectiveWatchdog::fail(const std::string& message) {
-  try {
-    if (backend_.abort) backend_.abort();
-  } catch (const std::exception&) {
-    // Aborting is the last resort; its own failure must not hide the cause.
+void CollectiveWatchdog::fail(const std::string& cause) {
+  std::string message = cause;
+  if (policy_ == FailurePolicy::kRaise) {
+    try {
+      if (backend_.abort) backend_.abort();
+      message += " The communicator was aborted.";
+    } catch (const std::exception& e) {
+      // Aborting is the last resort; its own failure must not hide the cause.
+      message += std::string(" Aborting the communicator failed too: ") + e.what();
+    }
   }
   std::vector<std::shared_ptr<Work>> abandoned;
   {
@@ -177,9 +191,9 @@ void CollectiveWatchdog::fail(const std::string& message) {
   }
   if (policy_ == FailurePolicy::kTerminate) {
     std::fprintf(stderr,
-                 "%s\nshardtorch: terminating this process so that no result of the aborted "
-                 "collective is used (SHARDTORCH_ON_COMM_FAILURE=raise raises on the next "
-                 "collective instead).\n",
+                 "%s\nshardtorch: terminating this process so that no result of the failed "
+                 "collective is used (SHARDTORCH_ON_COMM_FAILURE=raise aborts the communicator and "
+                 "raises on the next collective instead).\n",
                  message.c_str());
     std::fflush(stderr);
     std::_Exit(1);

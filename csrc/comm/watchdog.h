@@ -11,10 +11,14 @@
 // its sequence number. What happens next is the failure policy:
 //
 //   terminate (default): print the message and end the process, because the
-//       aborted collective's output is garbage and the host thread may already
-//       be past the point where it could be told;
-//   raise: keep the process; every later use of the communicator (a launch or
-//       a handle's wait) throws the message. SHARDTORCH_ON_COMM_FAILURE=raise.
+//       collective's output is garbage and the host thread may already be past
+//       the point where it could be told. It does not abort first:
+//       ncclCommAbort can itself hang, and ending the process frees everything;
+//   raise: abort the communicator (the stuck kernels return) and keep the
+//       process; every later use of the communicator (a launch or a handle's
+//       wait) throws the message. Results a wait() handed out before the
+//       failure was seen may be garbage: terminate is the safe default.
+//       SHARDTORCH_ON_COMM_FAILURE=raise.
 //
 // Device-free: the backend plugs in through callbacks, so CPU tests drive it
 // with fakes (tests/unit/test_watchdog.py) and NCCL uses CUDA events.
@@ -42,8 +46,12 @@ FailurePolicy failure_policy_from_env();
 struct WatchdogBackend {
   // An asynchronous error the backend has seen, or "" when there is none.
   std::function<std::string()> async_error;
-  // Makes every collective in flight return; called once, from the watchdog thread.
+  // Makes every collective in flight return; called once, from the watchdog
+  // thread, under the raise policy only.
   std::function<void()> abort;
+  // Called first on the watchdog thread (CUDA: select the communicator's
+  // device, so that polling its events creates no context on device 0).
+  std::function<void()> on_thread_start;
 };
 
 class CollectiveWatchdog {

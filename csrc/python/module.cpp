@@ -43,8 +43,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("register_group", &shardtorch::comm::register_group_by_c10d_name, py::arg("name"),
         py::arg("c10d_group_name"), py::arg("global_ranks") = std::vector<int64_t>{},
         "Register a group created by torch.distributed under `name` for the shard ops.");
-  m.def("unregister_group", &shardtorch::comm::unregister_group, py::arg("name"));
-  m.def("clear_groups", &shardtorch::comm::clear_groups);
+  // Dropping a group may destroy an NCCL communicator, which can wait: not under the GIL.
+  m.def("unregister_group", &shardtorch::comm::unregister_group, py::arg("name"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("clear_groups", &shardtorch::comm::clear_groups, py::call_guard<py::gil_scoped_release>());
   m.def("has_group", &shardtorch::comm::has_group, py::arg("name"));
   m.def("group_names", &shardtorch::comm::group_names);
   m.def(

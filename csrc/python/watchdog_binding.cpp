@@ -21,8 +21,9 @@ using comm::CollectiveWatchdog;
 class WatchdogForTesting {
  public:
   WatchdogForTesting(const std::string& group, double timeout_s, std::function<std::string()> async_error,
-                     std::function<void()> abort, const std::string& policy, double poll_s) {
-    comm::WatchdogBackend backend{std::move(async_error), std::move(abort)};
+                     std::function<void()> abort, const std::string& policy, double poll_s,
+                     std::function<void()> on_thread_start) {
+    comm::WatchdogBackend backend{std::move(async_error), std::move(abort), std::move(on_thread_start)};
     // "env": what the NCCL communicators use (SHARDTORCH_ON_COMM_FAILURE).
     TORCH_CHECK(policy == "raise" || policy == "terminate" || policy == "env",
                 "policy must be 'raise', 'terminate' or 'env', got '", policy, "'");
@@ -56,9 +57,10 @@ class WatchdogForTesting {
 void bind_watchdog(py::module& m) {
   py::class_<WatchdogForTesting>(m, "_CollectiveWatchdog")
       .def(py::init<const std::string&, double, std::function<std::string()>, std::function<void()>,
-                    const std::string&, double>(),
+                    const std::string&, double, std::function<void()>>(),
            py::arg("group"), py::arg("timeout"), py::arg("async_error"), py::arg("abort"),
-           py::arg("policy") = "raise", py::arg("poll_interval") = 0.01)
+           py::arg("policy") = "raise", py::arg("poll_interval") = 0.01,
+           py::arg("on_thread_start") = std::function<void()>())
       .def("watch",
            [](WatchdogForTesting& self, std::string collective, std::function<bool()> started,
               std::function<bool()> done) {

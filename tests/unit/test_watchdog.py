@@ -51,9 +51,9 @@ class FakeBackend:
         self.aborts.append(time.monotonic())
 
 
-def _watchdog(backend, timeout, policy="raise", group="group 'tp' (rank 1 of 2, fake)"):
+def _watchdog(backend, timeout, policy="raise", group="group 'tp' (rank 1 of 2, fake)", on_thread_start=None):
     return _C._CollectiveWatchdog(group, timeout, backend.async_error, backend.abort, policy=policy,
-                                  poll_interval=POLL)
+                                  poll_interval=POLL, on_thread_start=on_thread_start)
 
 
 def _wait_for(predicate, limit):
@@ -117,6 +117,33 @@ def test_timeout_counts_from_the_start_not_the_launch():
     assert backend.aborts[0] - launched_at >= 4 * timeout
 
 
+def test_thread_setup_runs_first_on_the_watchdog_thread():
+    """NCCL selects the communicator's device there (else polling its events
+    would create a context on device 0)."""
+    threads = []
+    backend = FakeBackend()
+    with _watchdog(backend, timeout=5.0, on_thread_start=lambda: threads.append(threading.get_ident())) as watchdog:
+        seen = []
+        work = FakeCollective(done=True)
+        watchdog.watch("all_reduce", lambda: seen.append(threading.get_ident()) or True, work.done)
+        assert _wait_for(lambda: watchdog.pending == 0, 2.0)
+    assert len(threads) == 1 and threads[0] != threading.get_ident()
+    assert seen and set(seen) == set(threads)
+
+
+def test_async_error_after_all_work_finished_is_ignored():
+    """A peer that exits cleanly after the last collective may leave an error
+    behind; with nothing unfinished it concerns nobody."""
+    backend = FakeBackend()
+    backend.error = "remote process exited"
+    with _watchdog(backend, timeout=5.0) as watchdog:
+        work = FakeCollective(done=True)
+        watchdog.watch("all_reduce", work.started, work.done)
+        assert _wait_for(lambda: watchdog.pending == 0, 2.0)
+        time.sleep(0.2)
+        assert not watchdog.failed, watchdog.failure
+
+
 def test_async_error_fails_at_once_naming_the_error_and_the_collective():
     backend = FakeBackend()
     with _watchdog(backend, timeout=60.0) as watchdog:
@@ -172,8 +199,8 @@ _TERMINATE = """
 import sys, time
 from shardtorch import _C
 start = time.monotonic()
-watchdog = _C._CollectiveWatchdog("group 'tp' (rank 0 of 2, fake)", 0.3, lambda: "", lambda: None,
-                                  policy="env", poll_interval=0.01)
+watchdog = _C._CollectiveWatchdog("group 'tp' (rank 0 of 2, fake)", 0.3, lambda: "",
+                                  lambda: print("ABORT CALLED", flush=True), policy="env", poll_interval=0.01)
 watchdog.watch("all_reduce", lambda: True, lambda: False)
 time.sleep(30)
 print("still alive", flush=True)
@@ -198,6 +225,8 @@ def test_default_policy_terminates_the_process_with_the_message(env_value):
     assert "still alive" not in result.stdout
     assert "all_reduce #0 on group 'tp' (rank 0 of 2, fake) has not finished" in result.stderr
     assert "terminating this process" in result.stderr
+    # ncclCommAbort can itself hang: terminating does not call it.
+    assert "ABORT CALLED" not in result.stdout
     assert seconds < 20, seconds
 
 
