@@ -45,15 +45,16 @@ std::vector<int64_t> sizes_from_full_size(comm::Communicator& communicator, cons
                                           int64_t dim, int64_t total, const char* op) {
   const int64_t world = communicator.size();
   const int64_t rank = communicator.rank();
-  TORCH_CHECK(total >= 0, op, ": full_size must be >= 0, got ", total);
-  auto sizes = topology::shard_sizes(total, world);
   const bool agree_first = world > 1 && (input.device().is_cpu() || comm::debug_mode_enabled());
   if (!agree_first) {
+    TORCH_CHECK(total >= 0, op, ": full_size must be >= 0, got ", total);
+    auto sizes = topology::shard_sizes(total, world);
     TORCH_CHECK(sizes[rank] == input.size(dim), op, ": input.size(", dim, ") must be rank ", rank,
                 "'s shard of full_size=", total, " over ", world, " ranks (", sizes[rank], "), got ",
                 input.size(dim));
     return sizes;
   }
+  // Every check after the exchange sees the same values on every rank.
   auto claims = exchange_shard_claims(communicator, input.size(dim), total, input.device());
   std::vector<int64_t> totals, held;
   for (const auto& claim : claims) {
@@ -63,6 +64,8 @@ std::vector<int64_t> sizes_from_full_size(comm::Communicator& communicator, cons
   TORCH_CHECK(std::all_of(totals.begin(), totals.end(), [&](int64_t t) { return t == total; }), op,
               ": the ranks of the group pass different full_size values ", c10::IntArrayRef(totals),
               " (in rank order)");
+  TORCH_CHECK(total >= 0, op, ": full_size must be >= 0, got ", total);
+  auto sizes = topology::shard_sizes(total, world);
   if (held != sizes) {
     std::ostringstream wrong;
     for (int64_t r = 0; r < world; ++r) {
