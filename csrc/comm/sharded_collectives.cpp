@@ -83,13 +83,18 @@ at::Tensor reduce_scatter_along_dim(Communicator& comm, const at::Tensor& input,
   return mine.narrow(0, 0, sizes[comm.rank()]).movedim(0, dim).contiguous();
 }
 
-std::vector<int64_t> exchange_sizes(Communicator& comm, int64_t local, const c10::Device& device) {
-  auto options = at::TensorOptions().dtype(at::kLong).device(device);
-  at::Tensor mine = at::full({1}, local, options);
-  at::Tensor all = at::empty({comm.size()}, options);
+std::vector<int64_t> exchange_values(Communicator& comm, const std::vector<int64_t>& local,
+                                     const c10::Device& device) {
+  const int64_t count = static_cast<int64_t>(local.size());
+  at::Tensor mine = at::tensor(local, at::kLong).to(device);
+  at::Tensor all = at::empty({comm.size() * count}, mine.options());
   comm.all_gather(mine, all);
   at::Tensor host = all.cpu();
-  return std::vector<int64_t>(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + comm.size());
+  return std::vector<int64_t>(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
+}
+
+std::vector<int64_t> exchange_sizes(Communicator& comm, int64_t local, const c10::Device& device) {
+  return exchange_values(comm, {local}, device);
 }
 
 }  // namespace comm

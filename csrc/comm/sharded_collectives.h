@@ -35,8 +35,12 @@ at::Tensor all_gather_along_dim(Communicator& comm, const at::Tensor& input, int
 at::Tensor reduce_scatter_along_dim(Communicator& comm, const at::Tensor& input, int64_t dim,
                                     const std::vector<int64_t>& sizes);
 
-// Every rank's value of `local` (one small all-gather), for shards whose sizes
-// nobody told us.
+// Every rank's `local` values, in rank order (one small all-gather): rank r's
+// are entries [r * local.size(), (r + 1) * local.size()).
+std::vector<int64_t> exchange_values(Communicator& comm, const std::vector<int64_t>& local,
+                                     const c10::Device& device);
+
+// Every rank's value of `local`, for shards whose sizes nobody told us.
 std::vector<int64_t> exchange_sizes(Communicator& comm, int64_t local, const c10::Device& device);
 
 }  // namespace comm

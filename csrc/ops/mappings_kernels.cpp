@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <sstream>
-#include <utility>
 
 #include "comm/debug_communicator.h"
 #include "comm/registry.h"
@@ -17,22 +16,6 @@
 namespace shardtorch {
 namespace ops {
 namespace {
-
-// Every rank's (shard length along dim, full_size), so that all of them see
-// the same verdict: one tiny all-gather.
-std::vector<std::pair<int64_t, int64_t>> exchange_shard_claims(comm::Communicator& communicator,
-                                                               int64_t local, int64_t total,
-                                                               const c10::Device& device) {
-  auto options = at::TensorOptions().dtype(at::kLong);
-  at::Tensor mine = at::tensor({local, total}, options).to(device);
-  at::Tensor all = at::empty({communicator.size() * 2}, options.device(device));
-  communicator.all_gather(mine, all);
-  at::Tensor host = all.cpu();
-  const int64_t* values = host.data_ptr<int64_t>();
-  std::vector<std::pair<int64_t, int64_t>> claims;
-  for (int64_t r = 0; r < communicator.size(); ++r) claims.emplace_back(values[2 * r], values[2 * r + 1]);
-  return claims;
-}
 
 // With full_size the ranks know every shard's length without asking. A rank
 // whose input does not fit must not fail alone, though: its peers would enter
@@ -54,12 +37,13 @@ std::vector<int64_t> sizes_from_full_size(comm::Communicator& communicator, cons
                 input.size(dim));
     return sizes;
   }
-  // Every check after the exchange sees the same values on every rank.
-  auto claims = exchange_shard_claims(communicator, input.size(dim), total, input.device());
-  std::vector<int64_t> totals, held;
-  for (const auto& claim : claims) {
-    held.push_back(claim.first);
-    totals.push_back(claim.second);
+  // Every rank's (shard length along dim, full_size), in one tiny all-gather:
+  // every check after it sees the same values on every rank.
+  const auto claims = comm::exchange_values(communicator, {input.size(dim), total}, input.device());
+  std::vector<int64_t> held, totals;
+  for (int64_t r = 0; r < world; ++r) {
+    held.push_back(claims[2 * r]);
+    totals.push_back(claims[2 * r + 1]);
   }
   TORCH_CHECK(std::all_of(totals.begin(), totals.end(), [&](int64_t t) { return t == total; }), op,
               ": the ranks of the group pass different full_size values ", c10::IntArrayRef(totals),
