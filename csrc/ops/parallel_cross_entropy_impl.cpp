@@ -97,11 +97,13 @@ ClassLayout resolve_class_layout(comm::Communicator& communicator, int64_t local
   return layout;
 }
 
-// Every rank should hold the same targets and then fails alike; a rank whose
-// targets differ must not leave the others waiting in the all-gather, so the
-// failure travels with the statistics like the other local checks.
-void check_targets(const at::Tensor& target, int64_t ignore_index, int64_t num_classes,
-                   const char* op, LocalCheck& check) {
+// Every rank should hold the same targets (SHARDTORCH_DEBUG verifies it) and
+// then fails alike; a rank whose targets differ must not leave the others
+// waiting in the all-gather, so the failure travels with the statistics like
+// the other local checks.
+void check_targets(comm::Communicator& communicator, const at::Tensor& target,
+                   int64_t ignore_index, int64_t num_classes, const char* op, LocalCheck& check) {
+  if (comm::debug_mode_enabled()) comm::check_same_on_every_rank(communicator, target, "target", op);
   if (target.numel() == 0) return;
   const at::Tensor bad = target.ne(ignore_index).logical_and(
       target.lt(0).logical_or(target.ge(num_classes)));
@@ -345,10 +347,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> parallel_cross_entropy_forward_im
   const ClassLayout layout =
       resolve_class_layout(*communicator, local, num_classes, logits.device(), kForward, check);
   const at::Tensor target_flat = target.reshape({rows});
-  if (comm::debug_mode_enabled()) {
-    comm::check_same_on_every_rank(*communicator, target_flat, "target", kForward);
-  }
-  check_targets(target_flat, options.ignore_index, layout.num_classes, kForward, check);
+  check_targets(*communicator, target_flat, options.ignore_index, layout.num_classes, kForward, check);
   const at::Tensor weight_local = local_class_weight(weight, layout, acc, logits.device(), kForward, check);
   const at::Tensor target_local =
       local_targets(target_flat, options.ignore_index,
@@ -426,10 +425,7 @@ std::tuple<at::Tensor, at::Tensor> parallel_linear_cross_entropy_forward_impl(
   const ClassLayout layout =
       resolve_class_layout(*communicator, local, num_classes, input.device(), op, check);
   const at::Tensor target_flat = target.reshape({rows});
-  if (comm::debug_mode_enabled()) {
-    comm::check_same_on_every_rank(*communicator, target_flat, "target", op);
-  }
-  check_targets(target_flat, options.ignore_index, layout.num_classes, op, check);
+  check_targets(*communicator, target_flat, options.ignore_index, layout.num_classes, op, check);
   const at::Tensor weight_local = local_class_weight(class_weight, layout, acc, input.device(), op, check);
   const at::Tensor target_local =
       local_targets(target_flat, options.ignore_index,
