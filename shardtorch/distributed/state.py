@@ -45,6 +45,10 @@ def _elastic_store(timeout: datetime.timedelta):
     return dist.PrefixStore(f"shardtorch/attempt_{restart}", store)
 
 
+def _indivisible(world: int, group_size: int) -> ValueError:
+    return ValueError(f"init_process_group: group_size must divide the world size {world}, got {group_size}")
+
+
 def init_process_group(group_size: int = 1, backend: Optional[str] = None,
                        timeout: Optional[datetime.timedelta] = None) -> None:
     """Creates the tensor-parallel and data-parallel groups.
@@ -76,8 +80,7 @@ def init_process_group(group_size: int = 1, backend: Optional[str] = None,
         # (one may still talk to the store that the other is closing).
         world_env = os.environ.get("WORLD_SIZE", "")
         if world_env.isdigit() and int(world_env) % group_size != 0:
-            raise ValueError(f"init_process_group: group_size must divide the world size {world_env}, "
-                             f"got {group_size}")
+            raise _indivisible(int(world_env), group_size)
         store = _elastic_store(timeout)
         if store is not None:
             dist.init_process_group(backend=backend or _default_backend(), store=store,
@@ -91,8 +94,7 @@ def init_process_group(group_size: int = 1, backend: Optional[str] = None,
     if world % group_size != 0:
         if owns:
             dist.destroy_process_group()
-        raise ValueError(f"init_process_group: group_size must divide the world size {world}, "
-                         f"got {group_size}")
+        raise _indivisible(world, group_size)
     if _state is not None:
         destroy_process_group(keep_torch_distributed=True)
     topology = _C.TensorParallelTopology(world, rank, group_size)
