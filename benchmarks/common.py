@@ -69,15 +69,20 @@ def peak_memory(device: str):
     return PeakMemory(device)
 
 
-def time_interleaved(steps: dict, repeats: int, warmup: int = 2, sync=None) -> dict:
+def time_interleaved(steps: dict, repeats: int, warmup: int = 2, sync=None, prepare=None) -> dict:
     """Median seconds per call of each step, run round-robin so that the
-    machine's noise falls on every approach alike."""
+    machine's noise falls on every approach alike. ``prepare`` (name ->
+    callable) runs before each call of that step, outside the timed region."""
     times = {name: [] for name in steps}
     for _ in range(warmup):
-        for fn in steps.values():
+        for name, fn in steps.items():
+            if prepare:
+                prepare[name]()
             fn()
     for _ in range(repeats):
         for name, fn in steps.items():
+            if prepare:
+                prepare[name]()
             if sync:
                 sync()
             start = time.perf_counter()

@@ -37,10 +37,8 @@ timed and measured region, and the results say so.
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
@@ -275,16 +273,9 @@ def _ce_worker(batch, classes, repeats):
 def _measure(steps, repeats, check, errors, warmup=2):
     """Round-robin timing (reset outside the timed region) and one measured step each."""
     import torch.distributed as dist
-    times = {name: [] for name in steps}
-    for i in range(warmup + repeats):
-        for name, (reset, run) in steps.items():
-            reset()
-            dist.barrier()
-            start = time.perf_counter()
-            run()
-            elapsed = time.perf_counter() - start
-            if i >= warmup:
-                times[name].append(elapsed)
+    seconds = common.time_interleaved(
+        {name: run for name, (_, run) in steps.items()}, repeats, warmup,
+        prepare={name: (lambda reset=reset: (reset(), dist.barrier())) for name, (reset, _) in steps.items()})
     peak = {}
     for name, (reset, run) in steps.items():
         reset()
@@ -293,7 +284,7 @@ def _measure(steps, repeats, check, errors, warmup=2):
             run()
         peak[name] = p.peak_bytes
         reset()
-    return {"seconds": {n: statistics.median(t) for n, t in times.items()}, "peak_bytes": peak,
+    return {"seconds": seconds, "peak_bytes": peak,
             "check": check, "errors": errors}
 
 
