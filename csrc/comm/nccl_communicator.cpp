@@ -208,8 +208,8 @@ class NcclCommunicator final : public Communicator {
   // launch stuck on the host past the wait is what the abort must unblock.
   void abort() {
     std::unique_lock<std::shared_timed_mutex> lock(launch_mutex_, std::defer_lock);
-    const bool exclusive = lock.try_lock_for(std::chrono::seconds(2));
-    (void)exclusive;
+    // Not getting it in time means a launch is stuck: abort regardless.
+    static_cast<void>(lock.try_lock_for(std::chrono::seconds(2)));
     if (aborted_.exchange(true)) return;
     ncclCommAbort(comm_.get());
   }
