@@ -107,3 +107,36 @@ def test_torch_compile_matches_eager():
         outs.append((y.detach(), x.grad))
     torch.testing.assert_close(outs[0][0], outs[1][0])
     torch.testing.assert_close(outs[0][1], outs[1][1])
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_forward_synchronises_with_the_host_at_most_once(fused):
+    """Out-of-range targets and every rank's check results travel in the one
+    gathered buffer: with num_classes given, the forward reads the host once
+    (the gathered check codes), and backward not at all."""
+    torch.manual_seed(2)
+    x = torch.randn(16, 8, device="cuda", requires_grad=True)
+    w = torch.randn(301, 8, device="cuda", requires_grad=True)
+    target = torch.randint(0, 301, (16,), device="cuda")
+    class_weight = torch.rand(301, device="cuda") + 0.5  # full size: sliced on the device
+    torch.cuda.synchronize()
+    import warnings
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as forward_syncs:
+            warnings.simplefilter("always")
+            if fused:
+                loss = ts.nn.functional.parallel_linear_cross_entropy(
+                    x, w, None, target, class_weight, num_classes=301)
+            else:
+                loss = ts.nn.functional.parallel_cross_entropy(
+                    x @ w.t(), target, class_weight, parallel=True, num_classes=301)
+        with warnings.catch_warnings(record=True) as backward_syncs:
+            warnings.simplefilter("always")
+            loss.backward()
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+    syncs = [str(w.message) for w in forward_syncs if "synchroniz" in str(w.message)]
+    assert len(syncs) <= 1, syncs
+    assert not [str(w.message) for w in backward_syncs if "synchroniz" in str(w.message)]

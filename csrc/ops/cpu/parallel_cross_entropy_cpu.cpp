@@ -7,8 +7,8 @@
 
 #include <algorithm>
 
-#include "ops/parallel_cross_entropy_entry_points.h"
-#include "ops/parallel_cross_entropy_impl.h"
+#include "ops/cross_entropy_kernel_adapter.h"
+#include "ops/cross_entropy_kernels.h"
 
 namespace shardtorch {
 namespace ops {
@@ -139,7 +139,7 @@ class CpuCrossEntropyKernels final : public CrossEntropyKernels {
 }  // namespace
 
 TORCH_LIBRARY_IMPL(shard, CPU, m) {
-  CrossEntropyEntryPoints<CpuCrossEntropyKernels>::register_kernels(m);
+  CrossEntropyKernelAdapter<CpuCrossEntropyKernels>::register_kernels(m);
 }
 
 }  // namespace ops

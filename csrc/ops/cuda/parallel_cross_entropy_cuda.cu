@@ -14,8 +14,8 @@
 #include <limits>
 #include <type_traits>
 
-#include "ops/parallel_cross_entropy_entry_points.h"
-#include "ops/parallel_cross_entropy_impl.h"
+#include "ops/cross_entropy_kernel_adapter.h"
+#include "ops/cross_entropy_kernels.h"
 
 namespace shardtorch {
 namespace ops {
@@ -163,7 +163,7 @@ class CudaCrossEntropyKernels final : public CrossEntropyKernels {
 }  // namespace
 
 TORCH_LIBRARY_IMPL(shard, CUDA, m) {
-  CrossEntropyEntryPoints<CudaCrossEntropyKernels>::register_kernels(m);
+  CrossEntropyKernelAdapter<CudaCrossEntropyKernels>::register_kernels(m);
 }
 
 }  // namespace ops

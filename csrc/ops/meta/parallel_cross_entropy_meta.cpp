@@ -1,50 +1,37 @@
-// Shapes of the parallel cross-entropy ops for FakeTensor / torch.compile.
-// No communication and no reading of values: checks that need the group or the
-// targets' values happen in the real kernels.
+// Shapes of the parallel cross-entropy ops (plain and fused) for FakeTensor /
+// torch.compile. The argument checks are the real kernels' own
+// (cross_entropy_checks.h); checks that need the group or the targets' values
+// happen in the real kernels only.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
-#include "ops/op_checks.h"
-#include "ops/parallel_cross_entropy_impl.h"
+#include "ops/cross_entropy_checks.h"
 
 namespace shardtorch {
 namespace ops {
 namespace {
-
-c10::SymInt leading_rows(const at::Tensor& t) {
-  c10::SymInt rows = 1;
-  for (int64_t d = 0; d + 1 < t.dim(); ++d) rows = rows * t.sym_size(d);
-  return rows;
-}
 
 CrossEntropyOptions options_of(int64_t ignore_index, double label_smoothing, double z_loss,
                                int64_t reduction) {
   return CrossEntropyOptions{ignore_index, label_smoothing, z_loss, reduction};
 }
 
-at::Tensor row_stats_like(const c10::SymInt& rows, const at::Tensor& like) {
-  return at::empty_symint({rows + 1, 4}, like.options().dtype(at::kDouble));
+at::Tensor row_stats_like(const at::Tensor& input) {
+  return at::empty_symint(saved_row_stats_shape(leading_rows(input)),
+                          input.options().dtype(at::kDouble));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_meta(
     const at::Tensor& logits, const at::Tensor& target, const std::optional<at::Tensor>& weight,
     int64_t ignore_index, double label_smoothing, double z_loss, int64_t reduction,
     const std::string& group, std::optional<int64_t> num_classes) {
-  const char* op = "shard::parallel_cross_entropy";
-  check_cross_entropy_options(options_of(ignore_index, label_smoothing, z_loss, reduction), op);
-  TORCH_CHECK(logits.dim() >= 1, op, ": logits must be [*, local_classes], got a scalar");
-  check_floating(logits, "logits", op);
-  check_cross_entropy_inputs(logits, logits.dim() - 1, target, op);
-  // A meta tensor among real ones routes the whole call here: refuse it
-  // rather than return an empty result.
-  if (weight.has_value() && weight->defined()) {
-    TORCH_CHECK(weight->device() == logits.device(), op, ": weight must be on the logits' device ",
-                logits.device(), ", got ", weight->device());
-  }
-  const c10::SymInt rows = leading_rows(logits);
+  check_parallel_cross_entropy_args(
+      logits, target, weight, options_of(ignore_index, label_smoothing, z_loss, reduction),
+      "shard::parallel_cross_entropy");
   at::Tensor loss = at::empty_symint(cross_entropy_loss_shape(target, reduction), logits.options());
-  at::Tensor buffer = at::empty_symint({rows, logits.sym_size(-1)}, logits.options());
-  return {loss, buffer, row_stats_like(rows, logits)};
+  at::Tensor buffer =
+      at::empty_symint({leading_rows(logits), logits.sym_size(-1)}, logits.options());
+  return {loss, buffer, row_stats_like(logits)};
 }
 
 at::Tensor loss_meta(const at::Tensor& logits, const at::Tensor& target,
@@ -68,17 +55,12 @@ std::tuple<at::Tensor, at::Tensor> fused_forward_meta(
     const at::Tensor& target, const std::optional<at::Tensor>& class_weight, int64_t ignore_index,
     double label_smoothing, double z_loss, int64_t reduction, int64_t chunk_size,
     const std::string& group, std::optional<int64_t> num_classes) {
-  const char* op = "shard::parallel_linear_cross_entropy";
-  check_cross_entropy_options(options_of(ignore_index, label_smoothing, z_loss, reduction), op);
-  TORCH_CHECK(chunk_size >= 1, op, ": chunk_size must be >= 1, got ", chunk_size);
-  TORCH_CHECK(input.dim() >= 1, op, ": input must be [*, in_features], got a scalar");
-  TORCH_CHECK(weight.dim() == 2, op, ": weight must be 2-D [local_classes, in_features], got ",
-              weight.sym_sizes());
-  check_floating(input, "input", op);
-  check_same_dtype_device(input, "input", weight, "weight", op);
-  check_cross_entropy_inputs(input, input.dim() - 1, target, op);
+  check_parallel_linear_cross_entropy_args(
+      input, weight, bias, target, class_weight,
+      options_of(ignore_index, label_smoothing, z_loss, reduction), chunk_size,
+      "shard::parallel_linear_cross_entropy");
   at::Tensor loss = at::empty_symint(cross_entropy_loss_shape(target, reduction), input.options());
-  return {loss, row_stats_like(leading_rows(input), input)};
+  return {loss, row_stats_like(input)};
 }
 
 at::Tensor fused_loss_meta(const at::Tensor& input, const at::Tensor& weight,

@@ -1,18 +1,20 @@
 #pragma once
-// The schema-shaped entry points of the cross-entropy ops for one device: they
-// unpack the schemas' arguments and run the shared algorithm
-// (parallel_cross_entropy_impl.h) with that device's row kernels, so that the
-// CPU and CUDA files hold only their kernels.
+// Adapts one device's row kernels (cross_entropy_kernels.h) to the schemas of
+// the cross-entropy ops: each function unpacks its schema's arguments and runs
+// the op's shared implementation (parallel_cross_entropy_impl.h,
+// parallel_linear_cross_entropy_impl.h) with those kernels, so that the CPU and
+// CUDA files hold only their kernels and one line of registration.
 
 #include <torch/library.h>
 
 #include "ops/parallel_cross_entropy_impl.h"
+#include "ops/parallel_linear_cross_entropy_impl.h"
 
 namespace shardtorch {
 namespace ops {
 
 template <typename Kernels>
-struct CrossEntropyEntryPoints {
+struct CrossEntropyKernelAdapter {
   static const CrossEntropyKernels& kernels() {
     static const Kernels instance;
     return instance;

@@ -6,8 +6,8 @@
 #include <ATen/autocast_mode.h>
 #include <torch/library.h>
 
-#include "ops/parallel_cross_entropy.h"
-#include "ops/parallel_linear_cross_entropy.h"
+#include <shardtorch/ops/parallel_cross_entropy.h>
+#include <shardtorch/ops/parallel_linear_cross_entropy.h>
 
 namespace shardtorch {
 namespace ops {

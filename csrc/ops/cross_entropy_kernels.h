@@ -1,0 +1,62 @@
+#pragma once
+// The passes over [rows, classes] data that the parallel cross-entropy ops
+// (plain and fused with the classifier) need from a device: ATen operations
+// over row blocks on CPU (cpu/parallel_cross_entropy_cpu.cpp), custom kernels
+// on CUDA (cuda/parallel_cross_entropy_cuda.cu). Everything else is shared
+// (cross_entropy_statistics.h).
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+namespace shardtorch {
+namespace ops {
+
+// Columns of the per-row statistics one rank computes over its own classes.
+enum RowStat : int64_t {
+  kRowMax = 0,          // max of the row's logits (-inf for no classes)
+  kRowSumExp = 1,       // sum of exp(x - max)
+  kRowTargetLogit = 2,  // x[target] when this rank holds the target, else 0
+  kRowWeightedSum = 3,  // sum of w_c x_c (w = 1 without class weights)
+  kRowTargetWeight = 4, // w[target] when this rank holds the target, else 0
+  kNumRowStats = 5,
+};
+
+// Columns of the per-row coefficients of the softmax gradient.
+enum GradCoef : int64_t {
+  kCoefLse = 0,
+  kCoefGradScale = 1,
+  kCoefTargetScale = 2,
+  kCoefSmoothScale = 3,
+  kNumGradCoefs = 4,
+};
+
+class CrossEntropyKernels {
+ public:
+  virtual ~CrossEntropyKernels() = default;
+
+  // Folds `logits` [rows, c] (contiguous), which are columns
+  // [col_begin, col_begin + c) of this rank's shard, into `stats`
+  // [rows, kNumRowStats] (float32, float64 for float64 logits), merging max
+  // and sum-exp online so that a shard may come in chunks.
+  //   target_local [rows] int64: the local column of the row's target, or -1.
+  //   weight_local [local_classes] in the stats dtype, or undefined (all 1).
+  //   copy_to: undefined, or [rows, c] contiguous receiving the logits in the
+  //   same pass (the backward buffer of the plain op).
+  virtual void accumulate_row_stats(const at::Tensor& logits, int64_t col_begin,
+                                    const at::Tensor& target_local,
+                                    const at::Tensor& weight_local, const at::Tensor& stats,
+                                    const at::Tensor& copy_to) const = 0;
+
+  // In place over `values` [rows, c] contiguous (logits in, gradient out):
+  //   v = grad_scale * exp(x - lse) - target_scale * [col == target]
+  //       - smooth_scale * w_col
+  // coefs [rows, kNumGradCoefs] in the stats dtype.
+  virtual void softmax_grad_inplace(const at::Tensor& values, int64_t col_begin,
+                                    const at::Tensor& target_local,
+                                    const at::Tensor& weight_local,
+                                    const at::Tensor& coefs) const = 0;
+};
+
+}  // namespace ops
+}  // namespace shardtorch

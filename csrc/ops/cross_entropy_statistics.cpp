@@ -1,0 +1,324 @@
+#include "ops/cross_entropy_statistics.h"
+
+#include <ATen/ATen.h>
+
+#include <limits>
+
+#include "comm/debug_communicator.h"
+#include "comm/registry.h"
+#include "comm/sharded_collectives.h"
+#include <shardtorch/topology/topology.h>
+
+namespace shardtorch {
+namespace ops {
+namespace {
+
+// The packed statistics each rank contributes to the gather: [rows + 1,
+// kNumRowStats] float64, its rows' RowStat columns and a trailer.
+enum GatheredTrailer : int64_t {
+  kGatheredLocalClasses = 0,  // this rank's class count
+  kGatheredWeightSum = 1,     // sum of its class weights
+  kGatheredCheckCode = 2,     // its LocalCheck::Code
+};
+
+const char* describe(int64_t code) {
+  switch (code) {
+    case LocalCheck::kShardSize: return "its logits' class count is not its shard of the classes";
+    case LocalCheck::kWeightSize: return "its class weight has neither its shard's nor all classes' size";
+    default: return "a target value out of range (its targets differ from this rank's)";
+  }
+}
+
+// Total classes and this rank's offset, from the caller or, failing that, one
+// tiny all-gather of shard sizes (all ranks take the same branch because
+// num_classes is part of the call every rank makes).
+ClassLayout resolve_class_layout(comm::Communicator& communicator, int64_t local,
+                                 std::optional<int64_t> num_classes, const c10::Device& device,
+                                 const char* op, LocalCheck& check) {
+  const int64_t size = communicator.size(), rank = communicator.rank();
+  ClassLayout layout;
+  layout.local = local;
+  if (num_classes.has_value()) {
+    layout.num_classes = *num_classes;
+    TORCH_CHECK(*num_classes >= 1, op, ": num_classes must be >= 1, got ", *num_classes);
+    const int64_t expected = topology::shard_size(*num_classes, size, rank);
+    if (expected != local) {
+      check.fail(LocalCheck::kShardSize,
+                 c10::str(op, ": the last dim of the input (", local, " classes) must be rank ",
+                          rank, "'s shard of num_classes=", *num_classes, " over ", size,
+                          " ranks, which is ", expected));
+    }
+  } else {
+    auto sizes = comm::exchange_sizes(communicator, local, device);
+    int64_t total = 0;
+    for (auto s : sizes) total += s;
+    TORCH_CHECK(total >= 1, op, ": the group holds no classes at all (every shard is empty)");
+    TORCH_CHECK(sizes == topology::shard_sizes(total, size), op,
+                ": class shards must follow the split rule (the first total % ranks ranks hold "
+                "one more class), got shard sizes ", c10::IntArrayRef(sizes), " over group ranks");
+    layout.num_classes = total;
+  }
+  layout.offset = topology::shard_offset(layout.num_classes, size, rank);
+  return layout;
+}
+
+// Out-of-range targets (neither a class nor ignore_index), as a flag on the
+// device: reading it here would synchronise with the host; it travels with the
+// statistics instead.
+at::Tensor targets_out_of_range(const at::Tensor& target, int64_t ignore_index,
+                                int64_t num_classes) {
+  if (target.numel() == 0) return at::Tensor();
+  return target.ne(ignore_index)
+      .logical_and(target.lt(0).logical_or(target.ge(num_classes)))
+      .any();
+}
+
+std::string target_error(const CrossEntropyForwardSetup& setup, const CrossEntropyOptions& options,
+                         const char* op) {
+  const at::Tensor& target = setup.target_flat;
+  const at::Tensor bad = target.ne(options.ignore_index)
+                             .logical_and(target.lt(0).logical_or(target.ge(setup.layout.num_classes)));
+  const int64_t value = target.masked_select(bad).view(-1)[0].item<int64_t>();
+  return c10::str(op, ": target values must be in [0, num_classes=", setup.layout.num_classes,
+                  ") or equal ignore_index=", options.ignore_index, ", got ", value);
+}
+
+// This rank's class weights in the stats dtype, from a sharded or full weight.
+at::Tensor local_class_weight(const std::optional<at::Tensor>& weight, const ClassLayout& layout,
+                              at::ScalarType acc, const char* op, LocalCheck& check) {
+  if (!weight.has_value() || !weight->defined()) return at::Tensor();
+  const at::Tensor& w = *weight;
+  const int64_t n = w.size(0);
+  if (n == layout.num_classes) {
+    return w.narrow(0, layout.offset, layout.local).to(acc).contiguous();
+  }
+  if (n != layout.local) {
+    check.fail(LocalCheck::kWeightSize,
+               c10::str(op, ": weight must hold this rank's ", layout.local,
+                        " classes or all num_classes=", layout.num_classes, ", got ", n));
+    return at::Tensor();
+  }
+  return w.to(acc).contiguous();
+}
+
+// Local column of each row's target, -1 where the row is ignored or the
+// target lives on another rank. `offset` is a 0-d tensor, so that backward
+// need not read it on the host.
+at::Tensor local_targets(const at::Tensor& target, int64_t ignore_index, const at::Tensor& offset,
+                         int64_t local) {
+  const at::Tensor shifted = target - offset;
+  const at::Tensor mine =
+      target.ne(ignore_index).logical_and(shifted.ge(0)).logical_and(shifted.lt(local));
+  return at::where(mine, shifted, at::full({}, -1, target.options())).contiguous();
+}
+
+// One host read: every rank's check code.
+void raise_if_any_rank_failed(const at::Tensor& codes, const CrossEntropyForwardSetup& setup,
+                              const CrossEntropyOptions& options, const char* op) {
+  TORCH_CHECK(setup.check.code == LocalCheck::kOk, setup.check.message);
+  const at::Tensor host = codes.cpu().contiguous();
+  const double* code_of = host.const_data_ptr<double>();
+  const int64_t own = static_cast<int64_t>(code_of[setup.communicator->rank()]);
+  TORCH_CHECK(own != LocalCheck::kTarget, target_error(setup, options, op));
+  for (int64_t r = 0; r < host.size(0); ++r) {
+    const auto code = static_cast<int64_t>(code_of[r]);
+    TORCH_CHECK(code == LocalCheck::kOk, op, ": group rank ", r, " failed a check: ",
+                describe(code), " (its own error says more)");
+  }
+}
+
+// Per-row coefficients of d loss / d logits (see softmax_grad_inplace):
+// g = upstream gradient of the row (0 when ignored),
+//   grad_scale   = g ((1-e) w_t + e/C sum(w) + 2 z lse)
+//   target_scale = g (1-e) w_t
+//   smooth_scale = g e / C
+at::Tensor gradient_coefficients(const at::Tensor& grad_loss, const at::Tensor& saved,
+                                 const CrossEntropyOptions& options, at::ScalarType acc,
+                                 const char* op) {
+  const int64_t rows = saved.size(0) - 1;
+  const at::Tensor per_row = saved.narrow(0, 0, rows);
+  const at::Tensor trailer = saved.select(0, rows);
+  const at::Tensor lse = per_row.select(1, kSavedLse);
+  const at::Tensor target_weight = per_row.select(1, kSavedTargetWeight);
+  const at::Tensor valid = per_row.select(1, kSavedValid).ne(0);
+  const at::Tensor grad = grad_loss.to(at::kDouble);
+  at::Tensor g;
+  if (options.reduction == 0) {
+    TORCH_CHECK(grad.numel() == rows, op, ": grad_loss must have one value per row (", rows,
+                ") for reduction none, got shape ", grad_loss.sizes());
+    g = grad.reshape({rows});
+  } else {
+    TORCH_CHECK(grad.numel() == 1, op, ": grad_loss must be a scalar for reduction ",
+                options.reduction, ", got shape ", grad_loss.sizes());
+    g = grad.reshape({}).expand({rows});
+    if (options.reduction == 1) g = g / trailer.select(0, kTrailerDenominator);
+  }
+  g = at::where(valid, g, at::zeros_like(g));
+  const double eps = options.label_smoothing;
+  const at::Tensor inv_classes = trailer.select(0, kTrailerClasses).reciprocal();
+  at::Tensor scale =
+      (1.0 - eps) * target_weight + eps * inv_classes * trailer.select(0, kTrailerWeightSum);
+  if (options.z_loss != 0.0) scale = scale + 2.0 * options.z_loss * lse;
+
+  at::Tensor coefs = at::empty({rows, kNumGradCoefs}, saved.options());
+  coefs.select(1, kCoefLse).copy_(lse);
+  coefs.select(1, kCoefGradScale).copy_(g * scale);
+  coefs.select(1, kCoefTargetScale).copy_(g * (1.0 - eps) * target_weight);
+  coefs.select(1, kCoefSmoothScale).copy_(g * eps * inv_classes);
+  return coefs.to(acc).contiguous();
+}
+
+at::Tensor saved_offset(const at::Tensor& saved) {
+  return saved.select(0, saved.size(0) - 1)[kTrailerOffset].to(at::kLong);
+}
+
+// Backward's view of this rank's class weights. A full-size weight is sliced
+// at the saved offset on the device (index_select), not read on the host.
+at::Tensor backward_class_weight(const std::optional<at::Tensor>& weight, const at::Tensor& offset,
+                                 int64_t local, at::ScalarType acc) {
+  if (!weight.has_value() || !weight->defined()) return at::Tensor();
+  if (weight->size(0) == local) return weight->to(acc).contiguous();
+  const at::Tensor columns = at::arange(local, offset.options()) + offset;
+  return weight->index_select(0, columns).to(acc).contiguous();
+}
+
+}  // namespace
+
+void LocalCheck::fail(Code c, std::string m) {
+  if (code == kOk) {
+    code = c;
+    message = std::move(m);
+  }
+}
+
+CrossEntropyForwardSetup prepare_cross_entropy_forward(
+    const std::string& group, const c10::Device& device, at::ScalarType input_type,
+    int64_t local_classes, std::optional<int64_t> num_classes, const at::Tensor& target,
+    const std::optional<at::Tensor>& class_weight, const CrossEntropyOptions& options,
+    const char* op) {
+  CrossEntropyForwardSetup setup;
+  setup.communicator = comm::communicator_for(group, device, op);
+  setup.acc = cross_entropy_accumulate_type(input_type);
+  setup.layout = resolve_class_layout(*setup.communicator, local_classes, num_classes, device, op,
+                                      setup.check);
+  setup.target_flat = target.reshape({target.numel()});
+  // Every rank should hold the same targets; SHARDTORCH_DEBUG verifies it.
+  if (comm::debug_mode_enabled()) {
+    comm::check_same_on_every_rank(*setup.communicator, setup.target_flat, "target", op);
+  }
+  setup.check.target_out_of_range =
+      targets_out_of_range(setup.target_flat, options.ignore_index, setup.layout.num_classes);
+  setup.weight_local = local_class_weight(class_weight, setup.layout, setup.acc, op, setup.check);
+  setup.target_local =
+      local_targets(setup.target_flat, options.ignore_index,
+                    at::scalar_tensor(setup.layout.offset, target.options()), local_classes);
+  return setup;
+}
+
+at::Tensor fresh_row_stats(int64_t rows, const CrossEntropyForwardSetup& setup,
+                           const c10::Device& device) {
+  at::Tensor stats =
+      at::zeros({rows, kNumRowStats}, at::TensorOptions().dtype(setup.acc).device(device));
+  stats.select(1, kRowMax).fill_(-std::numeric_limits<double>::infinity());
+  return stats;
+}
+
+at::Tensor combine_over_group(const CrossEntropyForwardSetup& setup, const at::Tensor& stats,
+                              const CrossEntropyOptions& options, const char* op) {
+  comm::Communicator& communicator = *setup.communicator;
+  const ClassLayout& layout = setup.layout;
+  const int64_t rows = stats.size(0);
+  const auto f64 = stats.options().dtype(at::kDouble);
+  at::Tensor packed = at::zeros({rows + 1, kNumRowStats}, f64);
+  packed.narrow(0, 0, rows).copy_(stats);
+  at::Tensor trailer = packed.select(0, rows);
+  trailer.select(0, kGatheredLocalClasses).fill_(static_cast<double>(layout.local));
+  if (setup.weight_local.defined()) {
+    trailer.select(0, kGatheredWeightSum).copy_(setup.weight_local.sum().to(at::kDouble));
+  } else {
+    trailer.select(0, kGatheredWeightSum).fill_(static_cast<double>(layout.local));
+  }
+  at::Tensor code = trailer.select(0, kGatheredCheckCode);
+  if (setup.check.code != LocalCheck::kOk || !setup.check.target_out_of_range.defined()) {
+    code.fill_(static_cast<double>(setup.check.code));
+  } else {
+    code.copy_(at::where(setup.check.target_out_of_range,
+                         static_cast<double>(LocalCheck::kTarget), 0.0));
+  }
+  at::Tensor gathered = at::empty({communicator.size(), rows + 1, kNumRowStats}, f64);
+  communicator.all_gather(packed, gathered);
+  raise_if_any_rank_failed(gathered.select(1, rows).select(1, kGatheredCheckCode), setup, options,
+                           op);
+
+  const at::Tensor per_rank = gathered.narrow(1, 0, rows);  // [ranks, rows, stats]
+  const at::Tensor maxes = per_rank.select(2, kRowMax);
+  at::Tensor row_max = std::get<0>(maxes.max(0));
+  // A row whose logits are all -inf anywhere stays finite in the shift.
+  row_max = at::where(row_max.isinf(), at::zeros_like(row_max), row_max);
+  const at::Tensor sum_exp =
+      (per_rank.select(2, kRowSumExp) * (maxes - row_max.unsqueeze(0)).exp()).sum(0);
+  const at::Tensor lse = row_max + sum_exp.log();
+  const at::Tensor target_logit = per_rank.select(2, kRowTargetLogit).sum(0);
+  const at::Tensor weighted_sum = per_rank.select(2, kRowWeightedSum).sum(0);
+  const at::Tensor target_weight = per_rank.select(2, kRowTargetWeight).sum(0);
+  const at::Tensor weight_sum = gathered.select(1, rows).select(1, kGatheredWeightSum).sum();
+
+  const double eps = options.label_smoothing;
+  const double C = static_cast<double>(layout.num_classes);
+  const at::Tensor valid = setup.target_flat.ne(options.ignore_index);
+  at::Tensor row_loss = (1.0 - eps) * target_weight * (lse - target_logit);
+  // Only with smoothing: masked (-inf) logits make the weighted sum -inf, and
+  // 0 * -inf would turn torch's finite loss into NaN.
+  if (eps != 0.0) row_loss = row_loss + (eps / C) * (weight_sum * lse - weighted_sum);
+  if (options.z_loss != 0.0) row_loss = row_loss + options.z_loss * lse * lse;
+  row_loss = at::where(valid, row_loss, at::zeros_like(row_loss));
+
+  at::Tensor saved = at::zeros({rows + 1, kNumSavedStats}, f64);
+  at::Tensor saved_rows = saved.narrow(0, 0, rows);
+  saved_rows.select(1, kSavedLse).copy_(lse);
+  saved_rows.select(1, kSavedTargetWeight).copy_(target_weight);
+  saved_rows.select(1, kSavedValid).copy_(valid);
+  saved_rows.select(1, kSavedRowLoss).copy_(row_loss);
+  at::Tensor saved_trailer = saved.select(0, rows);
+  saved_trailer.select(0, kTrailerClasses).fill_(C);
+  saved_trailer.select(0, kTrailerOffset).fill_(static_cast<double>(layout.offset));
+  saved_trailer.select(0, kTrailerWeightSum).copy_(weight_sum);
+  // torch's mean: divided by the summed weight of the targets that count
+  // (their number without class weights); 0 / 0 = NaN when all are ignored.
+  saved_trailer.select(0, kTrailerDenominator).copy_(at::where(valid, target_weight, 0.0).sum());
+  return saved;
+}
+
+at::Tensor reduce_loss(const at::Tensor& saved, const at::Tensor& target,
+                       const CrossEntropyOptions& options, at::ScalarType out_type) {
+  const int64_t rows = saved.size(0) - 1;
+  const at::Tensor row_loss = saved.narrow(0, 0, rows).select(1, kSavedRowLoss);
+  at::Tensor loss;
+  switch (options.reduction) {
+    case 0: loss = row_loss.reshape(target.sizes()); break;
+    case 2: loss = row_loss.sum(); break;
+    default: loss = row_loss.sum() / saved.select(0, rows).select(0, kTrailerDenominator); break;
+  }
+  // A fresh tensor: the loss must not alias the saved statistics it came from.
+  return loss.to(out_type, /*non_blocking=*/false, /*copy=*/true);
+}
+
+CrossEntropyBackwardSetup prepare_cross_entropy_backward(
+    const at::Tensor& grad_loss, const at::Tensor& row_stats, const at::Tensor& target,
+    const std::optional<at::Tensor>& class_weight, const CrossEntropyOptions& options,
+    int64_t local_classes, at::ScalarType acc, const char* op) {
+  check_cross_entropy_options(options, op);
+  const int64_t rows = row_stats.size(0) - 1;
+  TORCH_CHECK(target.numel() == rows, op, ": target must have ", rows, " elements, got shape ",
+              target.sizes());
+  const at::Tensor offset = saved_offset(row_stats);
+  CrossEntropyBackwardSetup setup;
+  setup.coefs = gradient_coefficients(grad_loss, row_stats, options, acc, op);
+  setup.target_local =
+      local_targets(target.reshape({rows}), options.ignore_index, offset, local_classes);
+  setup.weight_local = backward_class_weight(class_weight, offset, local_classes, acc);
+  return setup;
+}
+
+}  // namespace ops
+}  // namespace shardtorch

@@ -1,0 +1,106 @@
+#pragma once
+// The device-independent algorithm of the parallel cross-entropy, shared by
+// the plain op and the one fused with the classifier: which classes this rank
+// holds, the checks only one rank can fail, the one all-gather of per-row
+// statistics, the loss formula and the gradient coefficients. The passes over
+// [rows, classes] data are a device's CrossEntropyKernels.
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "comm/communicator.h"
+#include "ops/cross_entropy_checks.h"
+#include "ops/cross_entropy_kernels.h"
+
+namespace shardtorch {
+namespace ops {
+
+// The row_stats a forward saves for its backward: float64 [rows + 1,
+// kNumSavedStats], one row per input row and a trailer.
+enum SavedStat : int64_t {
+  kSavedLse = 0,           // log-sum-exp over all classes
+  kSavedTargetWeight = 1,  // w[target] (1 without class weights, 0 when ignored)
+  kSavedValid = 2,         // 1 unless the target is ignore_index
+  kSavedRowLoss = 3,       // the row's unreduced loss
+  kNumSavedStats = 4,
+};
+// Columns of the trailer (the last row).
+enum SavedTrailer : int64_t {
+  kTrailerClasses = 0,      // num_classes
+  kTrailerOffset = 1,       // this rank's first class
+  kTrailerWeightSum = 2,    // sum of the class weights over all classes
+  kTrailerDenominator = 3,  // reduction mean's divisor
+};
+
+// Which classes this rank holds.
+struct ClassLayout {
+  int64_t num_classes = 0;
+  int64_t offset = 0;
+  int64_t local = 0;
+};
+
+// A check that only this rank can fail (its shard size, its weight's size,
+// its targets). Throwing at once would leave the other ranks waiting in the
+// all-gather, so the failure travels in the gathered statistics and every
+// rank raises after it. Out-of-range targets are found on the device and
+// never read on the host before the gather.
+struct LocalCheck {
+  enum Code : int64_t { kOk = 0, kShardSize = 1, kWeightSize = 2, kTarget = 3 };
+  int64_t code = kOk;
+  std::string message;
+  at::Tensor target_out_of_range;  // 0-d bool on the device, or undefined
+  void fail(Code c, std::string m);
+};
+
+// What both ops' forwards derive from their arguments before touching data.
+struct CrossEntropyForwardSetup {
+  std::shared_ptr<comm::Communicator> communicator;
+  ClassLayout layout;
+  LocalCheck check;
+  at::ScalarType acc = at::kFloat;
+  at::Tensor target_flat;   // [rows]
+  at::Tensor target_local;  // [rows]: the target's local column, or -1
+  at::Tensor weight_local;  // [local] in the stats dtype, or undefined
+};
+
+// Resolves the class layout (from num_classes, or one tiny all-gather of
+// shard sizes without it), checks what only this rank can fail (carried to
+// the gather), and localises targets and class weights. Arguments must have
+// passed the op's cross_entropy_checks.h check.
+CrossEntropyForwardSetup prepare_cross_entropy_forward(
+    const std::string& group, const c10::Device& device, at::ScalarType input_type,
+    int64_t local_classes, std::optional<int64_t> num_classes, const at::Tensor& target,
+    const std::optional<at::Tensor>& class_weight, const CrossEntropyOptions& options,
+    const char* op);
+
+// Stats [rows, kNumRowStats] ready for CrossEntropyKernels::accumulate_row_stats.
+at::Tensor fresh_row_stats(int64_t rows, const CrossEntropyForwardSetup& setup,
+                           const c10::Device& device);
+
+// The one collective of the forward: every rank's per-row statistics and its
+// check result, gathered, combined and checked (every rank raises if any
+// failed; at most one host read). Returns the saved row_stats.
+at::Tensor combine_over_group(const CrossEntropyForwardSetup& setup, const at::Tensor& stats,
+                              const CrossEntropyOptions& options, const char* op);
+
+// The loss from the saved row_stats, a fresh tensor of `out_type`.
+at::Tensor reduce_loss(const at::Tensor& saved, const at::Tensor& target,
+                       const CrossEntropyOptions& options, at::ScalarType out_type);
+
+// What both ops' backwards derive from the saved statistics.
+struct CrossEntropyBackwardSetup {
+  at::Tensor coefs;         // [rows, kNumGradCoefs] in the stats dtype
+  at::Tensor target_local;  // [rows]
+  at::Tensor weight_local;  // [local] in the stats dtype, or undefined
+};
+
+CrossEntropyBackwardSetup prepare_cross_entropy_backward(
+    const at::Tensor& grad_loss, const at::Tensor& row_stats, const at::Tensor& target,
+    const std::optional<at::Tensor>& class_weight, const CrossEntropyOptions& options,
+    int64_t local_classes, at::ScalarType acc, const char* op);
+
+}  // namespace ops
+}  // namespace shardtorch

@@ -1,0 +1,122 @@
+#include "ops/parallel_linear_cross_entropy_impl.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
+#include "comm/registry.h"
+#include "ops/cross_entropy_statistics.h"
+
+namespace shardtorch {
+namespace ops {
+namespace {
+
+constexpr const char* kForward = "shard::parallel_linear_cross_entropy";
+constexpr const char* kBackward = "shard::_parallel_linear_cross_entropy_backward";
+
+// Logits of classes [begin, begin + width) of this rank's shard.
+at::Tensor chunk_logits(const at::Tensor& x, const at::Tensor& w,
+                        const std::optional<at::Tensor>& bias, int64_t begin, int64_t width) {
+  const at::Tensor w_chunk = w.narrow(0, begin, width);
+  if (bias.has_value() && bias->defined()) {
+    return at::addmm(bias->narrow(0, begin, width), x, w_chunk.t());
+  }
+  return at::mm(x, w_chunk.t());
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> parallel_linear_cross_entropy_forward_impl(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    const at::Tensor& target, const std::optional<at::Tensor>& class_weight,
+    const CrossEntropyOptions& options, int64_t chunk_size, const std::string& group,
+    std::optional<int64_t> num_classes, const CrossEntropyKernels& kernels) {
+  check_parallel_linear_cross_entropy_args(input, weight, bias, target, class_weight, options,
+                                           chunk_size, kForward);
+  const int64_t rows = leading_rows(input).guard_int(__FILE__, __LINE__);
+  const int64_t local = weight.size(0), features = weight.size(1);
+  const CrossEntropyForwardSetup setup =
+      prepare_cross_entropy_forward(group, input.device(), input.scalar_type(), local,
+                                    num_classes, target, class_weight, options, kForward);
+
+  const at::Tensor x = input.reshape({rows, features}).contiguous();
+  const at::Tensor w = weight.contiguous();
+  at::Tensor stats = fresh_row_stats(rows, setup, input.device());
+  // Only one chunk of logits lives at a time.
+  for (int64_t begin = 0; setup.check.code == LocalCheck::kOk && begin < local;
+       begin += chunk_size) {
+    const int64_t width = std::min(chunk_size, local - begin);
+    kernels.accumulate_row_stats(chunk_logits(x, w, bias, begin, width), begin,
+                                 setup.target_local, setup.weight_local, stats, at::Tensor());
+  }
+  at::Tensor saved = combine_over_group(setup, stats, options, kForward);
+  at::Tensor loss = reduce_loss(saved, target, options, input.scalar_type());
+  return {loss, saved};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> parallel_linear_cross_entropy_backward_impl(
+    const at::Tensor& grad_loss, const at::Tensor& input, const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias, const at::Tensor& row_stats, const at::Tensor& target,
+    const std::optional<at::Tensor>& class_weight, const CrossEntropyOptions& options,
+    int64_t chunk_size, const std::string& group, std::array<bool, 3> output_mask,
+    const CrossEntropyKernels& kernels) {
+  TORCH_CHECK(chunk_size >= 1, kBackward, ": chunk_size must be >= 1, got ", chunk_size);
+  const int64_t rows = leading_rows(input).guard_int(__FILE__, __LINE__);
+  const int64_t local = weight.size(0), features = weight.size(1);
+  check_saved_row_stats(row_stats, rows, kBackward);
+  const at::ScalarType acc = cross_entropy_accumulate_type(input.scalar_type());
+  const CrossEntropyBackwardSetup setup = prepare_cross_entropy_backward(
+      grad_loss, row_stats, target, class_weight, options, local, acc, kBackward);
+
+  const at::Tensor x = input.reshape({rows, features}).contiguous();
+  const at::Tensor w = weight.contiguous();
+  // The input gradient is summed over chunks in the stats dtype, so that
+  // reduced-precision inputs do not lose the small chunks' contributions.
+  at::Tensor grad_input_acc, grad_weight, grad_bias;
+  if (output_mask[0]) grad_input_acc = at::zeros({rows, features}, x.options().dtype(acc));
+  if (output_mask[1]) grad_weight = at::empty_like(w);
+  if (output_mask[2] && bias.has_value() && bias->defined()) {
+    grad_bias = at::empty({local}, w.options());
+  }
+  std::shared_ptr<comm::CommHandle> pending_reduce;
+  for (int64_t begin = 0; begin < local || (begin == 0 && output_mask[0]); begin += chunk_size) {
+    const int64_t width = std::min(chunk_size, local - begin);
+    const bool last = begin + chunk_size >= local;
+    at::Tensor chunk = chunk_logits(x, w, bias, begin, width);
+    kernels.softmax_grad_inplace(chunk, begin, setup.target_local, setup.weight_local,
+                                 setup.coefs);
+    if (output_mask[0]) {
+      const at::Tensor w_chunk = w.narrow(0, begin, width);
+      if (chunk.scalar_type() == acc) {
+        grad_input_acc.addmm_(chunk, w_chunk);
+      } else {
+        grad_input_acc.add_(at::mm(chunk, w_chunk));
+      }
+      // Each rank's classes contribute a part of the input gradient; the sum
+      // travels while the last chunk's weight gradient is computed.
+      if (last) {
+        pending_reduce = comm::communicator_for(group, input.device(), kBackward)
+                             ->all_reduce_async(grad_input_acc);
+      }
+    }
+    // Written in place: a row slice of the contiguous gradient is contiguous,
+    // so no chunk-sized temporary is needed.
+    if (output_mask[1]) {
+      at::Tensor rows_of_grad = grad_weight.narrow(0, begin, width);
+      at::mm_out(rows_of_grad, chunk.t(), x);
+    }
+    if (grad_bias.defined()) {
+      at::Tensor rows_of_grad = grad_bias.narrow(0, begin, width);
+      at::sum_out(rows_of_grad, chunk, 0);
+    }
+  }
+  at::Tensor grad_input;
+  if (output_mask[0]) {
+    pending_reduce->wait();
+    grad_input = grad_input_acc.to(input.scalar_type()).view(input.sizes());
+  }
+  return {grad_input, grad_weight, grad_bias};
+}
+
+}  // namespace ops
+}  // namespace shardtorch

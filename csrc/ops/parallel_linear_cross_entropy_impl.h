@@ -1,0 +1,35 @@
+#pragma once
+// shard::parallel_linear_cross_entropy's forward and backward on one device,
+// given that device's row kernels (cross_entropy_kernels.h): the classifier's
+// logits exist one chunk of classes at a time.
+
+#include <ATen/core/Tensor.h>
+
+#include <array>
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include "ops/cross_entropy_checks.h"
+#include "ops/cross_entropy_kernels.h"
+
+namespace shardtorch {
+namespace ops {
+
+// -> (loss, row_stats); see parallel_linear_cross_entropy.h.
+std::tuple<at::Tensor, at::Tensor> parallel_linear_cross_entropy_forward_impl(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    const at::Tensor& target, const std::optional<at::Tensor>& class_weight,
+    const CrossEntropyOptions& options, int64_t chunk_size, const std::string& group,
+    std::optional<int64_t> num_classes, const CrossEntropyKernels& kernels);
+
+// -> (grad_input, grad_weight, grad_bias), each where output_mask asks.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> parallel_linear_cross_entropy_backward_impl(
+    const at::Tensor& grad_loss, const at::Tensor& input, const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias, const at::Tensor& row_stats, const at::Tensor& target,
+    const std::optional<at::Tensor>& class_weight, const CrossEntropyOptions& options,
+    int64_t chunk_size, const std::string& group, std::array<bool, 3> output_mask,
+    const CrossEntropyKernels& kernels);
+
+}  // namespace ops
+}  // namespace shardtorch
