@@ -3,7 +3,7 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
-#include "ops/mappings.h"
+#include <shardtorch/ops/mappings.h>
 #include "ops/op_checks.h"
 
 namespace shardtorch {
@@ -51,38 +51,31 @@ class ScatterFunction : public Function<ScatterFunction> {
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto full = ctx->saved_data["full_size"].toSymInt();
-    return {ops::gather(grads[0], ctx->saved_data["dim"].toInt(), saved_group(ctx), full),
+    return {ops::gather_replicated(grads[0], ctx->saved_data["dim"].toInt(), saved_group(ctx), full),
             at::Tensor(), at::Tensor()};
   }
 };
 
-class GatherFunction : public Function<GatherFunction> {
- public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, int64_t dim,
-                            const std::string& group, std::optional<c10::SymInt> full_size) {
-    ctx->saved_data["group"] = group;
-    ctx->saved_data["dim"] = dim;
-    at::AutoDispatchBelowADInplaceOrView guard;
-    return ops::gather(input, dim, group, std::move(full_size));
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {ops::scatter(grads[0], ctx->saved_data["dim"].toInt(), saved_group(ctx)), at::Tensor(),
-            at::Tensor(), at::Tensor()};
-  }
-};
-
+// Both all-gathers: the adjoint (all_gather: reduce-scatter backward) and the
+// one for replicated computation (gather_replicated: keep this rank's slice).
 class AllGatherFunction : public Function<AllGatherFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, int64_t dim,
-                            const std::string& group, std::optional<c10::SymInt> full_size) {
+                            const std::string& group, std::optional<c10::SymInt> full_size,
+                            bool replicated) {
     ctx->saved_data["group"] = group;
     ctx->saved_data["dim"] = dim;
+    ctx->saved_data["replicated"] = replicated;
     at::AutoDispatchBelowADInplaceOrView guard;
-    return ops::all_gather(input, dim, group, std::move(full_size));
+    return replicated ? ops::gather_replicated(input, dim, group, std::move(full_size))
+                      : ops::all_gather(input, dim, group, std::move(full_size));
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {ops::reduce_scatter(grads[0], ctx->saved_data["dim"].toInt(), saved_group(ctx)),
-            at::Tensor(), at::Tensor(), at::Tensor()};
+    const int64_t dim = ctx->saved_data["dim"].toInt();
+    at::Tensor grad = ctx->saved_data["replicated"].toBool()
+                          ? ops::scatter(grads[0], dim, saved_group(ctx))
+                          : ops::reduce_scatter(grads[0], dim, saved_group(ctx));
+    return {grad, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -113,13 +106,14 @@ at::Tensor reduce_autograd(const at::Tensor& input, const std::string& group) {
 at::Tensor scatter_autograd(const at::Tensor& input, int64_t dim, const std::string& group) {
   return ScatterFunction::apply(input, dim, group);
 }
-at::Tensor gather_autograd(const at::Tensor& input, int64_t dim, const std::string& group,
-                           std::optional<c10::SymInt> full_size) {
-  return GatherFunction::apply(input, dim, group, std::move(full_size));
-}
 at::Tensor all_gather_autograd(const at::Tensor& input, int64_t dim, const std::string& group,
                                std::optional<c10::SymInt> full_size) {
-  return AllGatherFunction::apply(input, dim, group, std::move(full_size));
+  return AllGatherFunction::apply(input, dim, group, std::move(full_size), false);
+}
+at::Tensor gather_replicated_autograd(const at::Tensor& input, int64_t dim,
+                                      const std::string& group,
+                                      std::optional<c10::SymInt> full_size) {
+  return AllGatherFunction::apply(input, dim, group, std::move(full_size), true);
 }
 at::Tensor reduce_scatter_autograd(const at::Tensor& input, int64_t dim, const std::string& group) {
   return ReduceScatterFunction::apply(input, dim, group);
@@ -131,8 +125,8 @@ TORCH_LIBRARY_IMPL(shard, Autograd, m) {
   m.impl("copy", TORCH_FN(copy_autograd));
   m.impl("reduce", TORCH_FN(reduce_autograd));
   m.impl("scatter", TORCH_FN(scatter_autograd));
-  m.impl("gather", TORCH_FN(gather_autograd));
   m.impl("all_gather", TORCH_FN(all_gather_autograd));
+  m.impl("gather_replicated", TORCH_FN(gather_replicated_autograd));
   m.impl("reduce_scatter", TORCH_FN(reduce_scatter_autograd));
 }
 

@@ -12,7 +12,7 @@
 //   scatter            keep this rank's slice   all-gather                shard::scatter
 //   gather             all-gather               reduce-scatter (sum)      shard::all_gather
 //   all_gather         all-gather               reduce-scatter (sum)      shard::all_gather
-//   gather_replicated  all-gather               keep this rank's slice    shard::gather
+//   gather_replicated  all-gather               keep this rank's slice    shard::gather_replicated
 //   reduce_scatter     reduce-scatter (sum)     all-gather                shard::reduce_scatter
 //
 // gather is the adjoint (exact for a batch gathered before a sharded head under
@@ -24,8 +24,8 @@
 #include <optional>
 #include <string>
 
-#include "distributed/init_options.h"
-#include "ops/mappings.h"
+#include <shardtorch/distributed/init_options.h>
+#include <shardtorch/ops/mappings.h>
 
 namespace shardtorch {
 namespace distributed {
@@ -45,12 +45,19 @@ inline at::Tensor scatter(const at::Tensor& input, int64_t dim = -1,
 
 // `full_size`: the total length along `dim`; without it the ranks exchange
 // their shard sizes first (one tiny collective).
-inline at::Tensor gather(const at::Tensor& input, int64_t dim = -1,
-                         const std::string& group = kTensorParallel,
-                         std::optional<int64_t> full_size = std::nullopt) {
+inline at::Tensor all_gather(const at::Tensor& input, int64_t dim = -1,
+                             const std::string& group = kTensorParallel,
+                             std::optional<int64_t> full_size = std::nullopt) {
   std::optional<c10::SymInt> size;
   if (full_size.has_value()) size = c10::SymInt(*full_size);
   return ops::all_gather(input, dim, group, size);
+}
+
+// The same as all_gather (TorchShard's name for it).
+inline at::Tensor gather(const at::Tensor& input, int64_t dim = -1,
+                         const std::string& group = kTensorParallel,
+                         std::optional<int64_t> full_size = std::nullopt) {
+  return all_gather(input, dim, group, full_size);
 }
 
 inline at::Tensor gather_replicated(const at::Tensor& input, int64_t dim = -1,
@@ -58,15 +65,7 @@ inline at::Tensor gather_replicated(const at::Tensor& input, int64_t dim = -1,
                                     std::optional<int64_t> full_size = std::nullopt) {
   std::optional<c10::SymInt> size;
   if (full_size.has_value()) size = c10::SymInt(*full_size);
-  return ops::gather(input, dim, group, size);
-}
-
-inline at::Tensor all_gather(const at::Tensor& input, int64_t dim = -1,
-                             const std::string& group = kTensorParallel,
-                             std::optional<int64_t> full_size = std::nullopt) {
-  std::optional<c10::SymInt> size;
-  if (full_size.has_value()) size = c10::SymInt(*full_size);
-  return ops::all_gather(input, dim, group, size);
+  return ops::gather_replicated(input, dim, group, size);
 }
 
 inline at::Tensor reduce_scatter(const at::Tensor& input, int64_t dim = -1,

@@ -1,12 +1,17 @@
 #pragma once
 // The communication mappings of tensor parallelism as differentiable ops.
-// Each op's backward is its adjoint:
-//   copy           identity        | all-reduce
-//   reduce         all-reduce      | identity
-//   scatter        keep my slice   | all-gather
-//   gather         all-gather      | keep my slice
-//   all_gather     all-gather      | reduce-scatter (sum)
-//   reduce_scatter reduce-scatter  | all-gather
+// Each op's name says its forward; its backward is the adjoint, except for
+// gather_replicated, whose name says it is for replicated computation:
+//   op                 forward         | backward
+//   copy               identity        | all-reduce
+//   reduce             all-reduce      | identity
+//   scatter            keep my slice   | all-gather (gather_replicated)
+//   all_gather         all-gather      | reduce-scatter (sum)
+//   gather_replicated  all-gather      | keep my slice (for a gradient that is
+//                                        the same on every rank)
+//   reduce_scatter     reduce-scatter  | all-gather
+// shard::gather is the old name of gather_replicated, kept as a deprecated
+// alias for one release (it warns once).
 // Shards along `dim` follow the split rule of topology::shard_size (uneven
 // allowed). `full_size` tells gather ops the total length along `dim`; without
 // it the ops exchange shard sizes first (one extra tiny collective). On CPU and
@@ -25,8 +30,8 @@ namespace ops {
 at::Tensor copy(const at::Tensor& input, const std::string& group);
 at::Tensor reduce(const at::Tensor& input, const std::string& group);
 at::Tensor scatter(const at::Tensor& input, int64_t dim, const std::string& group);
-at::Tensor gather(const at::Tensor& input, int64_t dim, const std::string& group,
-                  std::optional<c10::SymInt> full_size = std::nullopt);
+at::Tensor gather_replicated(const at::Tensor& input, int64_t dim, const std::string& group,
+                             std::optional<c10::SymInt> full_size = std::nullopt);
 at::Tensor all_gather(const at::Tensor& input, int64_t dim, const std::string& group,
                       std::optional<c10::SymInt> full_size = std::nullopt);
 at::Tensor reduce_scatter(const at::Tensor& input, int64_t dim, const std::string& group);

@@ -11,7 +11,7 @@
 #include "comm/registry.h"
 #include "comm/sharded_collectives.h"
 #include "ops/op_checks.h"
-#include "topology/topology.h"
+#include <shardtorch/topology/topology.h>
 
 namespace shardtorch {
 namespace ops {
@@ -118,25 +118,21 @@ at::Tensor reduce_scatter_kernel(const at::Tensor& input, int64_t dim, const std
   return comm::reduce_scatter_along_dim(*communicator, input, d, sizes);
 }
 
+// The same kernels serve CPU and CUDA: the communicator moves the data.
+void register_mapping_kernels(torch::Library& m) {
+  m.impl("copy", TORCH_FN(copy_kernel));
+  m.impl("reduce", TORCH_FN(reduce_kernel));
+  m.impl("scatter", TORCH_FN(scatter_kernel));
+  m.impl("all_gather", TORCH_FN(all_gather_kernel));
+  m.impl("gather_replicated", TORCH_FN(all_gather_kernel));
+  m.impl("reduce_scatter", TORCH_FN(reduce_scatter_kernel));
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(shard, CPU, m) {
-  m.impl("copy", TORCH_FN(copy_kernel));
-  m.impl("reduce", TORCH_FN(reduce_kernel));
-  m.impl("scatter", TORCH_FN(scatter_kernel));
-  m.impl("gather", TORCH_FN(all_gather_kernel));
-  m.impl("all_gather", TORCH_FN(all_gather_kernel));
-  m.impl("reduce_scatter", TORCH_FN(reduce_scatter_kernel));
-}
+TORCH_LIBRARY_IMPL(shard, CPU, m) { register_mapping_kernels(m); }
 
-TORCH_LIBRARY_IMPL(shard, CUDA, m) {
-  m.impl("copy", TORCH_FN(copy_kernel));
-  m.impl("reduce", TORCH_FN(reduce_kernel));
-  m.impl("scatter", TORCH_FN(scatter_kernel));
-  m.impl("gather", TORCH_FN(all_gather_kernel));
-  m.impl("all_gather", TORCH_FN(all_gather_kernel));
-  m.impl("reduce_scatter", TORCH_FN(reduce_scatter_kernel));
-}
+TORCH_LIBRARY_IMPL(shard, CUDA, m) { register_mapping_kernels(m); }
 
 }  // namespace ops
 }  // namespace shardtorch

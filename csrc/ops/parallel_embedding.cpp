@@ -1,7 +1,7 @@
 // Schemas, entry points and the CompositeImplicitAutograd kernels of
 // shard::parallel_embedding and shard::parallel_embedding_renorm_ (see
 // parallel_embedding.h).
-#include "ops/parallel_embedding.h"
+#include <shardtorch/ops/parallel_embedding.h>
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -11,8 +11,8 @@
 #include <limits>
 
 #include "comm/registry.h"
-#include "ops/mappings.h"
-#include "topology/topology.h"
+#include <shardtorch/ops/mappings.h>
+#include <shardtorch/topology/topology.h>
 
 namespace shardtorch {
 namespace ops {
@@ -86,7 +86,7 @@ at::Tensor embedding_dim_parallel(const at::Tensor& input, const at::Tensor& wei
                                   bool scale_grad_by_freq, bool sparse, const std::string& group) {
   checked_slice(weight, 1, full_size, group, kOp);
   auto local = at::embedding(weight, input, padding_idx.value_or(-1), scale_grad_by_freq, sparse);
-  return gather(local, -1, group, c10::SymInt(full_size));
+  return gather_replicated(local, -1, group, c10::SymInt(full_size));
 }
 
 }  // namespace
@@ -135,7 +135,7 @@ at::Tensor& parallel_embedding_renorm_composite(at::Tensor& weight, const at::Te
   auto partial = infinite ? values.abs().amax(1, /*keepdim=*/true)
                           : values.abs().pow(norm_type).sum(1, /*keepdim=*/true);
   const auto& layout = comm::group_layout(group, op);
-  auto per_rank = gather(partial, -1, group, c10::SymInt(layout.size));
+  auto per_rank = gather_replicated(partial, -1, group, c10::SymInt(layout.size));
   auto norm = infinite ? per_rank.amax(1) : per_rank.sum(1).pow(1.0 / norm_type);
   auto too_long = norm > max_norm;
   auto scale = at::where(too_long, max_norm / (norm + 1e-7), at::ones_like(norm));

@@ -7,7 +7,7 @@
 //            the group's partial outputs are summed (shard::reduce), so every
 //            rank returns the whole output.
 //   dim = 1  embedding-dim-parallel: weight holds columns of every row; the
-//            output is gathered on its last dim (shard::gather), so every
+//            output is gathered on its last dim (shard::gather_replicated), so every
 //            rank returns the whole output, as torch.nn.Embedding does.
 // `full_size` is the size of the split dimension of the full table
 // (num_embeddings for dim 0, embedding_dim for dim 1). `padding_idx` is a

@@ -1,17 +1,21 @@
 """The communication mappings of tensor parallelism, differentiable, over the
 ops torch.ops.shard.* (see csrc/ops/mappings.h).
 
-=================  ======================  ==========================  ==================
+=================  ======================  ==========================  ========================
 function           forward                 backward                    op
-=================  ======================  ==========================  ==================
+=================  ======================  ==========================  ========================
 copy               identity                all-reduce (sum)            shard::copy
 reduce             all-reduce (sum)        identity                    shard::reduce
 scatter            keep this rank's slice  all-gather                  shard::scatter
 gather             all-gather              reduce-scatter (sum)        shard::all_gather
 all_gather         all-gather              reduce-scatter (sum)        shard::all_gather
-gather_replicated  all-gather              keep this rank's slice      shard::gather
+gather_replicated  all-gather              keep this rank's slice      shard::gather_replicated
 reduce_scatter     reduce-scatter (sum)    all-gather                  shard::reduce_scatter
-=================  ======================  ==========================  ==================
+=================  ======================  ==========================  ========================
+
+``gather`` and ``all_gather`` are the same function. The op ``shard::gather``
+is the deprecated old name of ``shard::gather_replicated`` (until the next
+release; it warns once): its name hid that its backward keeps the slice.
 
 Every backward is the adjoint of its forward, which is what keeps TorchShard's
 recipe exact: ``ts.distributed.gather(x, dim=0)`` of each rank's batch before a
@@ -62,15 +66,15 @@ def scatter(input: torch.Tensor, dim: int = -1, group: str = TENSOR_PARALLEL) ->
 def gather(input: torch.Tensor, dim: int = -1, group: str = TENSOR_PARALLEL,
            full_size: Optional[int] = None) -> torch.Tensor:
     """All-gather along ``dim``; backward sums the group's gradients and keeps
-    this rank's slice (the adjoint)."""
-    return torch.ops.shard.all_gather(input, dim, group, full_size)
+    this rank's slice (the adjoint). The same as :func:`all_gather`."""
+    return all_gather(input, dim, group, full_size)
 
 
 def gather_replicated(input: torch.Tensor, dim: int = -1, group: str = TENSOR_PARALLEL,
                       full_size: Optional[int] = None) -> torch.Tensor:
     """All-gather along ``dim``; backward keeps this rank's slice of the
     gradient (for downstream computation replicated over the group)."""
-    return torch.ops.shard.gather(input, dim, group, full_size)
+    return torch.ops.shard.gather_replicated(input, dim, group, full_size)
 
 
 def all_gather(input: torch.Tensor, dim: int = -1, group: str = TENSOR_PARALLEL,

@@ -295,7 +295,7 @@ def case_torchscript_module_and_function():
     @torch.jit.script
     def column_then_gather(inp: torch.Tensor, w: torch.Tensor, b: torch.Tensor, total: int) -> torch.Tensor:
         y = torch.ops.shard.parallel_linear(inp, w, b, 1, "tp")
-        return torch.ops.shard.gather(y, -1, "tp", total)
+        return torch.ops.shard.gather_replicated(y, -1, "tp", total)
 
     layer = model[0]
     y = column_then_gather(x2.detach(), layer.weight, layer.bias, 4 * size + 1)

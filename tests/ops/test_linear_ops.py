@@ -50,8 +50,8 @@ def test_parallel_linear_matches_torch_linear():
     ("copy", lambda x: (x, "tp")),
     ("reduce", lambda x: (x, "tp")),
     ("scatter", lambda x: (x, 1, "tp")),
-    ("gather", lambda x: (x, -1, "tp", None)),
-    ("gather", lambda x: (x, 0, "tp", 3)),
+    ("gather_replicated", lambda x: (x, -1, "tp", None)),
+    ("gather_replicated", lambda x: (x, 0, "tp", 3)),
     ("all_gather", lambda x: (x, 1, "tp", 4)),
     ("reduce_scatter", lambda x: (x, 0, "tp")),
 ])
@@ -61,6 +61,18 @@ def test_mapping_opcheck_and_gradcheck(op, args):
     assert torch.autograd.gradcheck(lambda t: getattr(OPS, op)(*args(t)), (x,))
     # On one rank every mapping is the identity.
     torch.testing.assert_close(getattr(OPS, op)(*args(x)), x)
+
+
+def test_deprecated_gather_is_gather_replicated_and_warns(capfd):
+    """shard::gather, the old name of gather_replicated, stays for one release:
+    same values and gradients (on one rank, the identity), with a warning
+    (c10's, once per process, on stderr; no other test calls the old name)."""
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    y = OPS.gather(x, -1, "tp", None)
+    assert "shard::gather is deprecated" in capfd.readouterr().err
+    torch.testing.assert_close(y, x)
+    (g,) = torch.autograd.grad((y * y).sum(), x)
+    torch.testing.assert_close(g, 2 * x.detach())
 
 
 def test_double_backward_of_mappings():

@@ -57,7 +57,7 @@ TORCH_LIBRARY_IMPL(shard, Meta, m) {
   m.impl("copy", TORCH_FN(same_meta));
   m.impl("reduce", TORCH_FN(same_meta));
   m.impl("scatter", TORCH_FN(scatter_meta));
-  m.impl("gather", TORCH_FN(gather_meta));
+  m.impl("gather_replicated", TORCH_FN(gather_meta));
   m.impl("all_gather", TORCH_FN(gather_meta));
   m.impl("reduce_scatter", TORCH_FN(reduce_scatter_meta));
 }
