@@ -20,13 +20,7 @@
 
 #include "comm/process_group_communicator.h"
 #include "comm/watchdog.h"
-
-#define SHARDTORCH_NCCL_CHECK(expr, what)                                                       \
-  do {                                                                                         \
-    ncclResult_t _result = (expr);                                                             \
-    TORCH_CHECK(_result == ncclSuccess, "shardtorch: NCCL ", what, " failed: ",                \
-                ncclGetErrorString(_result), " (", __FILE__, ":", __LINE__, ")");              \
-  } while (0)
+#include "utils/cuda_library_checks.h"
 
 namespace shardtorch {
 namespace comm {

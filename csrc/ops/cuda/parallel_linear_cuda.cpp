@@ -3,7 +3,7 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
-#include "ops/cuda/cublas_gemm.h"
+#include "ops/cuda/cublaslt_gemm.h"
 #include "ops/parallel_linear_impl.h"
 
 namespace shardtorch {

@@ -1,4 +1,4 @@
-#include "ops/cuda/cublas_gemm.h"
+#include "ops/cuda/cublaslt_gemm.h"
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -9,12 +9,7 @@
 #include <mutex>
 #include <unordered_map>
 
-#define SHARDTORCH_CUBLAS_CHECK(expr, what)                                                   \
-  do {                                                                                       \
-    cublasStatus_t _status = (expr);                                                         \
-    TORCH_CHECK(_status == CUBLAS_STATUS_SUCCESS, "shardtorch: cuBLASLt ", what, " failed: ",  \
-                cublasGetStatusString(_status), " (", __FILE__, ":", __LINE__, ")");         \
-  } while (0)
+#include "utils/cuda_library_checks.h"
 
 namespace shardtorch {
 namespace ops {
