@@ -1,4 +1,4 @@
-#include "nn/embedding_init.h"
+#include <shardtorch/nn/embedding_init.h>
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -46,31 +46,21 @@ std::vector<Range> embedding_chunk_bounds(int64_t rows, int64_t cols, int64_t ch
 void init_embedding_shard_(at::Tensor& weight, int64_t num_embeddings, int64_t embedding_dim,
                            Range row_range, Range col_range, std::optional<int64_t> padding_idx,
                            int64_t chunk_elements) {
-  TORCH_CHECK(weight.dim() == 2 && weight.size(0) == row_range.second - row_range.first &&
-                  weight.size(1) == col_range.second - col_range.first,
-              "init_embedding_shard_: weight must be [", row_range.second - row_range.first, ", ",
-              col_range.second - col_range.first, "] for rows [", row_range.first, ", ",
-              row_range.second, ") and columns [", col_range.first, ", ", col_range.second,
-              "), got ", weight.sizes());
+  check_shard_shape(weight, row_range, col_range, "init_embedding_shard_");
   c10::NoGradGuard no_grad;
-  // The CPU generator defines the values, as in Python: draw into a CPU
-  // buffer when the parameter lives elsewhere.
-  const bool on_cpu = weight.device().is_cpu();
-  at::Tensor target = on_cpu ? weight : at::empty(weight.sizes(), weight.options().device(at::kCPU));
-  for (const auto& [first, last] : embedding_chunk_bounds(num_embeddings, embedding_dim, chunk_elements)) {
-    auto chunk = at::empty({last - first, embedding_dim}, at::TensorOptions().dtype(weight.scalar_type()))
-                     .normal_();
-    const int64_t lo = std::max(first, row_range.first);
-    const int64_t hi = std::min(last, row_range.second);
-    if (lo < hi) {
-      target.slice(0, lo - row_range.first, hi - row_range.first)
-          .copy_(chunk.slice(0, lo - first, hi - first).slice(1, col_range.first, col_range.second));
+  fill_on_cpu(weight, [&](at::Tensor& target) {
+    for (const auto& [first, last] :
+         embedding_chunk_bounds(num_embeddings, embedding_dim, chunk_elements)) {
+      auto chunk =
+          at::empty({last - first, embedding_dim}, at::TensorOptions().dtype(weight.scalar_type()))
+              .normal_();
+      copy_chunk_block(target, chunk, first, row_range, col_range);
     }
-  }
-  if (padding_idx.has_value() && row_range.first <= *padding_idx && *padding_idx < row_range.second) {
-    target.select(0, *padding_idx - row_range.first).fill_(0);
-  }
-  if (!on_cpu) weight.copy_(target);
+    if (padding_idx.has_value() && row_range.first <= *padding_idx &&
+        *padding_idx < row_range.second) {
+      target.select(0, *padding_idx - row_range.first).fill_(0);
+    }
+  });
 }
 
 }  // namespace nn

@@ -1,4 +1,4 @@
-#include "nn/init.h"
+#include <shardtorch/nn/init.h>
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -20,12 +20,7 @@ void draw_rows_into(at::Tensor out, int64_t rows, int64_t cols, double bound, Ra
     const int64_t last = std::min(rows, first + chunk_rows);
     auto chunk = at::empty({last - first, cols}, at::TensorOptions().dtype(out.scalar_type()))
                      .uniform_(-bound, bound);
-    const int64_t lo = std::max(first, row_range.first);
-    const int64_t hi = std::min(last, row_range.second);
-    if (lo < hi) {
-      out.slice(0, lo - row_range.first, hi - row_range.first)
-          .copy_(chunk.slice(0, lo - first, hi - first).slice(1, col_range.first, col_range.second));
-    }
+    copy_chunk_block(out, chunk, first, row_range, col_range);
   }
 }
 
@@ -47,31 +42,23 @@ void init_linear_shard_(at::Tensor& weight, const std::optional<at::Tensor>& bia
                         Range in_range, int64_t chunk_elements) {
   TORCH_CHECK(chunk_elements >= 1, "init_linear_shard_: chunk_elements must be >= 1, got ",
               chunk_elements);
-  TORCH_CHECK(weight.dim() == 2 && weight.size(0) == out_range.second - out_range.first &&
-                  weight.size(1) == in_range.second - in_range.first,
-              "init_linear_shard_: weight must be [", out_range.second - out_range.first, ", ",
-              in_range.second - in_range.first, "] for rows [", out_range.first, ", ",
-              out_range.second, ") and columns [", in_range.first, ", ", in_range.second,
-              "), got ", weight.sizes());
+  check_shard_shape(weight, out_range, in_range, "init_linear_shard_");
   c10::NoGradGuard no_grad;
   const auto bounds = linear_bounds(in_features);
-  // Draw into a CPU buffer when the parameter lives elsewhere: the CPU
-  // generator defines the values, as in Python.
-  const bool on_cpu = weight.device().is_cpu();
-  at::Tensor weight_cpu = on_cpu ? weight : at::empty(weight.sizes(), weight.options().device(at::kCPU));
-  draw_rows_into(weight_cpu, out_features, in_features, bounds.weight, out_range, in_range,
-                 chunk_elements);
-  if (!on_cpu) weight.copy_(weight_cpu);
+  fill_on_cpu(weight, [&](at::Tensor& w) {
+    draw_rows_into(w, out_features, in_features, bounds.weight, out_range, in_range,
+                   chunk_elements);
+  });
   if (bias.has_value() && bias->defined()) {
     at::Tensor b = *bias;
     const Range bias_range = b.numel() == out_features ? Range{0, out_features} : out_range;
     TORCH_CHECK(b.numel() == bias_range.second - bias_range.first,
                 "init_linear_shard_: bias must have ", bias_range.second - bias_range.first,
                 " elements, got ", b.numel());
-    at::Tensor bias_cpu = b.device().is_cpu() ? b : at::empty(b.sizes(), b.options().device(at::kCPU));
-    draw_rows_into(bias_cpu.view({-1, 1}), out_features, 1, bounds.bias, bias_range, Range{0, 1},
-                   chunk_elements);
-    if (!b.device().is_cpu()) b.copy_(bias_cpu);
+    fill_on_cpu(b, [&](at::Tensor& staged) {
+      draw_rows_into(staged.view({-1, 1}), out_features, 1, bounds.bias, bias_range, Range{0, 1},
+                     chunk_elements);
+    });
   }
 }
 

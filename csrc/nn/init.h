@@ -16,13 +16,12 @@
 #include <optional>
 #include <utility>
 
+#include <shardtorch/nn/init_staging.h>
+
 namespace shardtorch {
 namespace nn {
 
 inline constexpr int64_t kInitChunkElements = int64_t{1} << 20;
-
-// A half-open range [first, second) of rows or columns of the full matrix.
-using Range = std::pair<int64_t, int64_t>;
 
 struct LinearBounds {
   double weight;  // kaiming_uniform_(a = sqrt(5)) bound

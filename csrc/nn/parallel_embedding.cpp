@@ -1,12 +1,12 @@
-#include "nn/parallel_embedding.h"
+#include <shardtorch/nn/parallel_embedding.h>
 
 #include <c10/core/GradMode.h>
 #include <torch/types.h>
 
-#include "distributed/process_group.h"
-#include "nn/embedding_init.h"
-#include "ops/parallel_embedding.h"
-#include "topology/topology.h"
+#include <shardtorch/distributed/process_group.h>
+#include <shardtorch/nn/embedding_init.h>
+#include <shardtorch/ops/parallel_embedding.h>
+#include <shardtorch/topology/topology.h>
 
 namespace shardtorch {
 namespace nn {
@@ -39,8 +39,7 @@ void ParallelEmbeddingImpl::reset() {
   }
   group_rank = distributed::get_group_rank(options.group());
   group_size = distributed::get_group_size(options.group());
-  const int64_t offset = topology::shard_offset(full_size(), group_size, group_rank);
-  const Range split{offset, offset + topology::shard_size(full_size(), group_size, group_rank)};
+  const Range split = topology::shard_range(full_size(), group_size, group_rank);
   row_range = options.dim() == 0 ? split : Range{0, options.num_embeddings()};
   col_range = options.dim() == 1 ? split : Range{0, options.embedding_dim()};
   weight = register_parameter("weight", torch::empty({row_range.second - row_range.first,

@@ -1,23 +1,14 @@
-#include "nn/parallel_linear.h"
+#include <shardtorch/nn/parallel_linear.h>
 
 #include <torch/types.h>
 
-#include "distributed/process_group.h"
-#include "ops/mappings.h"
-#include "ops/parallel_linear.h"
-#include "topology/topology.h"
+#include <shardtorch/distributed/process_group.h>
+#include <shardtorch/ops/mappings.h>
+#include <shardtorch/ops/parallel_linear.h>
+#include <shardtorch/topology/topology.h>
 
 namespace shardtorch {
 namespace nn {
-namespace {
-
-Range shard_range(int64_t total, int64_t size, int64_t rank) {
-  const int64_t offset = topology::shard_offset(total, size, rank);
-  return {offset, offset + topology::shard_size(total, size, rank)};
-}
-
-}  // namespace
-
 ParallelLinearImpl::ParallelLinearImpl(const ParallelLinearOptions& options_) : options(options_) {
   reset();
 }
@@ -39,9 +30,9 @@ void ParallelLinearImpl::reset() {
   out_range = {0, options.out_features()};
   in_range = {0, options.in_features()};
   if (dim == 1 || dim == -1) {
-    out_range = shard_range(options.out_features(), group_size, group_rank);
+    out_range = topology::shard_range(options.out_features(), group_size, group_rank);
   } else if (dim == 0) {
-    in_range = shard_range(options.in_features(), group_size, group_rank);
+    in_range = topology::shard_range(options.in_features(), group_size, group_rank);
   }
   weight = register_parameter(
       "weight", torch::empty({out_range.second - out_range.first, in_range.second - in_range.first}));

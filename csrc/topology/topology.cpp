@@ -1,4 +1,4 @@
-#include "topology/topology.h"
+#include <shardtorch/topology/topology.h>
 
 #include <c10/util/Exception.h>
 
@@ -21,6 +21,11 @@ int64_t shard_offset(int64_t total, int64_t parts, int64_t index) {
   check_split(total, parts, index);
   const int64_t remainder = total % parts;
   return index * (total / parts) + (index < remainder ? index : remainder);
+}
+
+std::pair<int64_t, int64_t> shard_range(int64_t total, int64_t parts, int64_t index) {
+  const int64_t offset = shard_offset(total, parts, index);
+  return {offset, offset + shard_size(total, parts, index)};
 }
 
 std::vector<int64_t> shard_sizes(int64_t total, int64_t parts) {

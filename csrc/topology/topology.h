@@ -4,6 +4,7 @@
 // every rule can be unit-tested without starting processes.
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace shardtorch {
@@ -14,6 +15,8 @@ namespace topology {
 int64_t shard_size(int64_t total, int64_t parts, int64_t index);
 int64_t shard_offset(int64_t total, int64_t parts, int64_t index);
 std::vector<int64_t> shard_sizes(int64_t total, int64_t parts);
+// [offset, offset + size) of shard `index`.
+std::pair<int64_t, int64_t> shard_range(int64_t total, int64_t parts, int64_t index);
 
 // Ranks [0, world) arranged as data_parallel_size x tensor_parallel_size with
 // tensor-parallel ranks consecutive, so that a tensor-parallel group shares a
