@@ -8,8 +8,8 @@
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/library.h>
 
-#include "ops/parallel_cross_entropy.h"
-#include "ops/parallel_linear_cross_entropy.h"
+#include <shardtorch/ops/parallel_cross_entropy.h>
+#include <shardtorch/ops/parallel_linear_cross_entropy.h>
 
 namespace shardtorch {
 namespace autograd {

@@ -4,7 +4,7 @@
 #include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
 #include <torch/library.h>
 
-#include "ops/parallel_linear.h"
+#include <shardtorch/ops/parallel_linear.h>
 
 namespace shardtorch {
 namespace autograd {

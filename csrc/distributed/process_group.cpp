@@ -1,4 +1,4 @@
-#include "distributed/process_group.h"
+#include <shardtorch/distributed/process_group.h>
 
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -11,7 +11,7 @@
 #include "comm/registry.h"
 #include "distributed/gloo_process_group.h"
 #include "distributed/torchrun_environment.h"
-#include "topology/topology.h"
+#include <shardtorch/topology/topology.h>
 
 namespace shardtorch {
 namespace distributed {

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "distributed/init_options.h"
+#include <shardtorch/distributed/init_options.h>
 
 namespace shardtorch {
 namespace distributed {

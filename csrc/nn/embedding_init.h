@@ -23,7 +23,7 @@
 #include <optional>
 #include <vector>
 
-#include "nn/init.h"
+#include <shardtorch/nn/init.h>
 
 namespace shardtorch {
 namespace nn {

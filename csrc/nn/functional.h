@@ -7,8 +7,8 @@
 #include <optional>
 #include <string>
 
-#include "distributed/init_options.h"
-#include "ops/parallel_linear.h"
+#include <shardtorch/distributed/init_options.h>
+#include <shardtorch/ops/parallel_linear.h>
 
 namespace shardtorch {
 namespace nn {

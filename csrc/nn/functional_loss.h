@@ -18,9 +18,9 @@
 #include <string>
 #include <variant>
 
-#include "distributed/init_options.h"
-#include "ops/parallel_cross_entropy.h"
-#include "ops/parallel_linear_cross_entropy.h"
+#include <shardtorch/distributed/init_options.h>
+#include <shardtorch/ops/parallel_cross_entropy.h>
+#include <shardtorch/ops/parallel_linear_cross_entropy.h>
 
 namespace shardtorch {
 namespace nn {

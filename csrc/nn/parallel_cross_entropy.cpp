@@ -1,4 +1,4 @@
-#include "nn/parallel_cross_entropy.h"
+#include <shardtorch/nn/parallel_cross_entropy.h>
 
 #include <c10/util/Exception.h>
 

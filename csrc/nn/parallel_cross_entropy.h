@@ -21,7 +21,7 @@
 
 #include <ostream>
 
-#include "nn/functional_loss.h"
+#include <shardtorch/nn/functional_loss.h>
 
 namespace shardtorch {
 namespace nn {

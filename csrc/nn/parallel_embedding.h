@@ -27,8 +27,8 @@
 #include <ostream>
 #include <string>
 
-#include "distributed/init_options.h"
-#include "nn/init.h"
+#include <shardtorch/distributed/init_options.h>
+#include <shardtorch/nn/init.h>
 
 namespace shardtorch {
 namespace nn {

@@ -1,5 +1,5 @@
 // Schemas and C++ entry points of parallel_linear and its backward.
-#include "ops/parallel_linear.h"
+#include <shardtorch/ops/parallel_linear.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>

@@ -1,5 +1,5 @@
 // Schemas and C++ entry points of parallel_linear_cross_entropy (see the header).
-#include "ops/parallel_linear_cross_entropy.h"
+#include <shardtorch/ops/parallel_linear_cross_entropy.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>

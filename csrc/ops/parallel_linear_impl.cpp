@@ -5,7 +5,7 @@
 #include "comm/registry.h"
 #include "comm/sharded_collectives.h"
 #include "ops/parallel_linear_plan.h"
-#include "topology/topology.h"
+#include <shardtorch/topology/topology.h>
 
 namespace shardtorch {
 namespace ops {

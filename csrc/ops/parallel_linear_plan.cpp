@@ -2,7 +2,7 @@
 
 #include "comm/registry.h"
 #include "ops/op_checks.h"
-#include "topology/topology.h"
+#include <shardtorch/topology/topology.h>
 
 #include <c10/core/SymInt.h>
 

@@ -7,11 +7,11 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "comm/registry.h"
-#include "nn/embedding_init.h"
-#include "nn/init.h"
+#include <shardtorch/nn/embedding_init.h>
+#include <shardtorch/nn/init.h>
 #include "python/watchdog_binding.h"
-#include "shardtorch/build_info.h"
-#include "topology/topology.h"
+#include <shardtorch/build_info.h>
+#include <shardtorch/topology/topology.h>
 #include "utils/cpu_memory_tracker.h"
 
 namespace py = pybind11;

@@ -10,16 +10,16 @@
 // Every op is also reachable through the dispatcher as shard::<name> (the
 // same ops as torch.ops.shard.* in Python and TorchScript).
 
-#include "shardtorch/build_info.h"
+#include <shardtorch/build_info.h>
 
-#include "distributed/collectives.h"
-#include "distributed/init_options.h"
-#include "distributed/process_group.h"
-#include "nn/embedding_init.h"
-#include "nn/functional.h"
-#include "nn/functional_loss.h"
-#include "nn/init.h"
-#include "nn/parallel_cross_entropy.h"
-#include "nn/parallel_embedding.h"
-#include "nn/parallel_linear.h"
-#include "topology/topology.h"
+#include <shardtorch/distributed/collectives.h>
+#include <shardtorch/distributed/init_options.h>
+#include <shardtorch/distributed/process_group.h>
+#include <shardtorch/nn/embedding_init.h>
+#include <shardtorch/nn/functional.h>
+#include <shardtorch/nn/functional_loss.h>
+#include <shardtorch/nn/init.h>
+#include <shardtorch/nn/parallel_cross_entropy.h>
+#include <shardtorch/nn/parallel_embedding.h>
+#include <shardtorch/nn/parallel_linear.h>
+#include <shardtorch/topology/topology.h>

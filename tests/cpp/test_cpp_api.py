@@ -24,8 +24,7 @@ STEP_LOSS = re.compile(r"^step (\d+) loss (\S+)$", re.MULTILINE)
 
 
 def _built_with_gloo() -> bool:
-    header = os.path.join(shardtorch.cmake_prefix_path, "include", "shardtorch", "shardtorch",
-                          "build_info.h")
+    header = os.path.join(shardtorch.cmake_prefix_path, "include", "shardtorch", "build_info.h")
     with open(header) as f:
         return "kBuiltWithGloo = true" in f.read()
 
@@ -103,6 +102,25 @@ def _needs_gloo():
 def test_topology_and_exact_init(cpp_build):
     out = _run([os.path.join(cpp_build["tests"], "test_topology")], RUN_TIMEOUT, "test_topology")
     assert "0 failed" in out, out
+
+
+def test_installed_headers_are_the_public_api(cpp_build):
+    """The package installs the public API under include/shardtorch only: no
+    internal folders (communicators, autograd, kernels, bindings) and nothing
+    directly under include/ but shardtorch/; each public header compiles from
+    that include path on its own (test_public_headers)."""
+    include = os.path.join(shardtorch.cmake_prefix_path, "include")
+    assert os.listdir(include) == ["shardtorch"], os.listdir(include)
+    installed = set()
+    for root, _, files in os.walk(include):
+        installed.update(os.path.relpath(os.path.join(root, f), include) for f in files)
+    for internal in ("comm/", "autograd/", "python/", "utils/", "ops/cpu/", "ops/cuda/",
+                     "ops/meta/", "ops/autocast/", "_impl.h", "op_checks.h", "statistics.h"):
+        assert not any(internal in path for path in installed), (internal, sorted(installed))
+    assert "shardtorch/shardtorch.h" in installed and "shardtorch/nn/parallel_linear.h" in installed
+    out = _run([os.path.join(cpp_build["tests"], "test_public_headers")], RUN_TIMEOUT,
+               "test_public_headers")
+    assert ", 0 failed" in out, out
 
 
 def test_ops_registered_when_linked_as_needed(cpp_build):

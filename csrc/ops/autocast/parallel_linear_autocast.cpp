@@ -8,7 +8,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
-#include "ops/parallel_linear.h"
+#include <shardtorch/ops/parallel_linear.h>
 
 namespace shardtorch {
 namespace ops {
