@@ -3,6 +3,7 @@
 #include <torch/library.h>
 
 #include "ops/parallel_linear_impl.h"
+#include "ops/parallel_linear_kernel_adapter.h"
 
 namespace shardtorch {
 namespace ops {
@@ -22,25 +23,9 @@ class AtenLinearMath final : public LinearMath {
   }
 };
 
-at::Tensor parallel_linear_cpu(const at::Tensor& input, const at::Tensor& weight,
-                               const std::optional<at::Tensor>& bias, std::optional<int64_t> dim,
-                               const std::string& group) {
-  return parallel_linear_forward_impl(input, weight, bias, dim, group, AtenLinearMath());
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> parallel_linear_backward_cpu(
-    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
-    std::optional<int64_t> dim, const std::string& group, std::array<bool, 3> output_mask) {
-  return parallel_linear_backward_impl(grad_output, input, weight, dim, group, output_mask,
-                                       AtenLinearMath());
-}
-
 }  // namespace
 
-TORCH_LIBRARY_IMPL(shard, CPU, m) {
-  m.impl("parallel_linear", TORCH_FN(parallel_linear_cpu));
-  m.impl("_parallel_linear_backward", TORCH_FN(parallel_linear_backward_cpu));
-}
+TORCH_LIBRARY_IMPL(shard, CPU, m) { LinearKernelAdapter<AtenLinearMath>::register_kernels(m); }
 
 }  // namespace ops
 }  // namespace shardtorch

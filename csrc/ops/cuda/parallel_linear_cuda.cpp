@@ -5,6 +5,7 @@
 
 #include "ops/cuda/cublaslt_gemm.h"
 #include "ops/parallel_linear_impl.h"
+#include "ops/parallel_linear_kernel_adapter.h"
 
 namespace shardtorch {
 namespace ops {
@@ -47,25 +48,9 @@ class CublasLinearMath final : public LinearMath {
   }
 };
 
-at::Tensor parallel_linear_cuda(const at::Tensor& input, const at::Tensor& weight,
-                                const std::optional<at::Tensor>& bias, std::optional<int64_t> dim,
-                                const std::string& group) {
-  return parallel_linear_forward_impl(input, weight, bias, dim, group, CublasLinearMath());
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> parallel_linear_backward_cuda(
-    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
-    std::optional<int64_t> dim, const std::string& group, std::array<bool, 3> output_mask) {
-  return parallel_linear_backward_impl(grad_output, input, weight, dim, group, output_mask,
-                                       CublasLinearMath());
-}
-
 }  // namespace
 
-TORCH_LIBRARY_IMPL(shard, CUDA, m) {
-  m.impl("parallel_linear", TORCH_FN(parallel_linear_cuda));
-  m.impl("_parallel_linear_backward", TORCH_FN(parallel_linear_backward_cuda));
-}
+TORCH_LIBRARY_IMPL(shard, CUDA, m) { LinearKernelAdapter<CublasLinearMath>::register_kernels(m); }
 
 }  // namespace ops
 }  // namespace shardtorch
