@@ -18,7 +18,8 @@ std::string saved_group(AutogradContext* ctx) { return ctx->saved_data["group"].
 
 class CopyFunction : public Function<CopyFunction> {
  public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const std::string& group) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
+                            const std::string& group) {
     ctx->saved_data["group"] = group;
     at::AutoDispatchBelowADInplaceOrView guard;
     return ops::copy(input, group);
@@ -30,7 +31,8 @@ class CopyFunction : public Function<CopyFunction> {
 
 class ReduceFunction : public Function<ReduceFunction> {
  public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const std::string& group) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
+                            const std::string& group) {
     at::AutoDispatchBelowADInplaceOrView guard;
     return ops::reduce(input, group);
   }
@@ -45,14 +47,16 @@ class ScatterFunction : public Function<ScatterFunction> {
                             const std::string& group) {
     ctx->saved_data["group"] = group;
     ctx->saved_data["dim"] = dim;
-    ctx->saved_data["full_size"] = input.sym_size(ops::normalize_dim(dim, input.dim(), "shard::scatter"));
+    ctx->saved_data["full_size"] =
+        input.sym_size(ops::normalize_dim(dim, input.dim(), "shard::scatter"));
     at::AutoDispatchBelowADInplaceOrView guard;
     return ops::scatter(input, dim, group);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto full = ctx->saved_data["full_size"].toSymInt();
-    return {ops::gather_replicated(grads[0], ctx->saved_data["dim"].toInt(), saved_group(ctx), full),
-            at::Tensor(), at::Tensor()};
+    return {
+        ops::gather_replicated(grads[0], ctx->saved_data["dim"].toInt(), saved_group(ctx), full),
+        at::Tensor(), at::Tensor()};
   }
 };
 

@@ -19,8 +19,8 @@ using torch::autograd::AutogradContext;
 using torch::autograd::Function;
 using torch::autograd::variable_list;
 
-void save_options(AutogradContext* ctx, int64_t ignore_index, double label_smoothing,
-                  double z_loss, int64_t reduction) {
+void save_options(AutogradContext* ctx, int64_t ignore_index, double label_smoothing, double z_loss,
+                  int64_t reduction) {
   ctx->saved_data["ignore_index"] = ignore_index;
   ctx->saved_data["label_smoothing"] = label_smoothing;
   ctx->saved_data["z_loss"] = z_loss;
@@ -35,9 +35,9 @@ class ParallelCrossEntropyFunction : public Function<ParallelCrossEntropyFunctio
                             int64_t reduction, const std::string& group,
                             std::optional<int64_t> num_classes) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [loss, buffer, row_stats] = ops::parallel_cross_entropy_forward(
-        logits, target, weight, ignore_index, label_smoothing, z_loss, reduction, group,
-        num_classes);
+    auto [loss, buffer, row_stats] =
+        ops::parallel_cross_entropy_forward(logits, target, weight, ignore_index, label_smoothing,
+                                            z_loss, reduction, group, num_classes);
     ctx->save_for_backward({buffer, row_stats, target, weight.value_or(at::Tensor())});
     ctx->saved_data["logits_sizes"] = logits.sizes().vec();
     save_options(ctx, ignore_index, label_smoothing, z_loss, reduction);
@@ -66,17 +66,16 @@ class ParallelCrossEntropyFunction : public Function<ParallelCrossEntropyFunctio
 
 class ParallelLinearCrossEntropyFunction : public Function<ParallelLinearCrossEntropyFunction> {
  public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
-                            const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                            const at::Tensor& target,
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
+                            const std::optional<at::Tensor>& bias, const at::Tensor& target,
                             const std::optional<at::Tensor>& class_weight, int64_t ignore_index,
                             double label_smoothing, double z_loss, int64_t reduction,
                             int64_t chunk_size, const std::string& group,
                             std::optional<int64_t> num_classes) {
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [loss, row_stats] = ops::parallel_linear_cross_entropy_forward(
-        input, weight, bias, target, class_weight, ignore_index, label_smoothing, z_loss,
-        reduction, chunk_size, group, num_classes);
+        input, weight, bias, target, class_weight, ignore_index, label_smoothing, z_loss, reduction,
+        chunk_size, group, num_classes);
     ctx->save_for_backward({input, weight, bias.value_or(at::Tensor()), row_stats, target,
                             class_weight.value_or(at::Tensor())});
     save_options(ctx, ignore_index, label_smoothing, z_loss, reduction);
@@ -113,9 +112,8 @@ at::Tensor parallel_cross_entropy_autograd(const at::Tensor& logits, const at::T
                                            double z_loss, int64_t reduction,
                                            const std::string& group,
                                            std::optional<int64_t> num_classes) {
-  return ParallelCrossEntropyFunction::apply(logits, target, weight, ignore_index,
-                                             label_smoothing, z_loss, reduction, group,
-                                             num_classes);
+  return ParallelCrossEntropyFunction::apply(logits, target, weight, ignore_index, label_smoothing,
+                                             z_loss, reduction, group, num_classes);
 }
 
 at::Tensor parallel_linear_cross_entropy_autograd(
@@ -124,8 +122,8 @@ at::Tensor parallel_linear_cross_entropy_autograd(
     double label_smoothing, double z_loss, int64_t reduction, int64_t chunk_size,
     const std::string& group, std::optional<int64_t> num_classes) {
   return ParallelLinearCrossEntropyFunction::apply(input, weight, bias, target, class_weight,
-                                                   ignore_index, label_smoothing, z_loss,
-                                                   reduction, chunk_size, group, num_classes);
+                                                   ignore_index, label_smoothing, z_loss, reduction,
+                                                   chunk_size, group, num_classes);
 }
 
 }  // namespace

@@ -19,13 +19,15 @@ constexpr int64_t kFields = 5 + kMaxDims;
 
 enum Collective : int64_t { kAllReduce, kAllGather, kReduceScatter, kBroadcast, kSend, kRecv };
 const char* collective_name(int64_t c) {
-  static const char* names[] = {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "send", "recv"};
+  static const char* names[] = {"all_reduce", "all_gather", "reduce_scatter",
+                                "broadcast",  "send",       "recv"};
   return (c >= 0 && c < 6) ? names[c] : "?";
 }
 
 std::string describe(const int64_t* row) {
   std::ostringstream out;
-  out << collective_name(row[0]) << " of " << c10::toString(static_cast<at::ScalarType>(row[1])) << " [";
+  out << collective_name(row[0]) << " of " << c10::toString(static_cast<at::ScalarType>(row[1]))
+      << " [";
   const int64_t ndim = std::min(row[3], kMaxDims);
   for (int64_t d = 0; d < ndim; ++d) out << (d ? ", " : "") << row[4 + d];
   out << "]";
@@ -85,8 +87,9 @@ class DebugCommunicator final : public Communicator {
       if (std::memcmp(rows + r * kFields, rows, kFields * sizeof(int64_t)) != 0) {
         TORCH_CHECK(false, "SHARDTORCH_DEBUG: ranks disagree on a collective on group '",
                     group_name(), "': global rank ", global_ranks_[r], " calls ",
-                    describe(rows + r * kFields), " where global rank ", global_ranks_[0], " calls ",
-                    describe(rows), " (this is global rank ", global_ranks_[rank()], ")");
+                    describe(rows + r * kFields), " where global rank ", global_ranks_[0],
+                    " calls ", describe(rows), " (this is global rank ", global_ranks_[rank()],
+                    ")");
       }
     }
   }
@@ -120,11 +123,11 @@ void check_same_on_every_rank(Communicator& communicator, const at::Tensor& tens
     const at::Tensor differs = blocks[r].ne(blocks[0]);
     if (!differs.any().item<bool>()) continue;
     const int64_t at_element = differs.nonzero()[0][0].item<int64_t>();
-    TORCH_CHECK(false, "SHARDTORCH_DEBUG: ", op, ": every rank of group '", communicator.group_name(),
-                "' must hold the same ", what, ", but global rank ", global_ranks[r],
-                "'s differs from global rank ", global_ranks[0], "'s (first at element ", at_element,
-                ": ", blocks[r][at_element].item<int64_t>(), " vs ",
-                blocks[0][at_element].item<int64_t>(), "; this is global rank ",
+    TORCH_CHECK(false, "SHARDTORCH_DEBUG: ", op, ": every rank of group '",
+                communicator.group_name(), "' must hold the same ", what, ", but global rank ",
+                global_ranks[r], "'s differs from global rank ", global_ranks[0],
+                "'s (first at element ", at_element, ": ", blocks[r][at_element].item<int64_t>(),
+                " vs ", blocks[0][at_element].item<int64_t>(), "; this is global rank ",
                 global_ranks[communicator.rank()], ")");
   }
 }

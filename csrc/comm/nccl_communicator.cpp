@@ -52,7 +52,8 @@ ncclDataType_t nccl_dtype(at::ScalarType type) {
 // communicator (the work's output is garbage then).
 class NcclHandle final : public CommHandle {
  public:
-  NcclHandle(std::shared_ptr<at::cuda::CUDAEvent> done, std::shared_ptr<CollectiveWatchdog> watchdog)
+  NcclHandle(std::shared_ptr<at::cuda::CUDAEvent> done,
+             std::shared_ptr<CollectiveWatchdog> watchdog)
       : done_(std::move(done)), watchdog_(std::move(watchdog)) {}
   void wait() override {
     watchdog_->check();
@@ -68,7 +69,8 @@ class NcclHandle final : public CommHandle {
 std::string nccl_async_error(ncclComm_t comm) {
   ncclResult_t state = ncclSuccess;
   ncclResult_t queried = ncclCommGetAsyncError(comm, &state);
-  if (queried != ncclSuccess) return std::string("ncclCommGetAsyncError failed: ") + ncclGetErrorString(queried);
+  if (queried != ncclSuccess)
+    return std::string("ncclCommGetAsyncError failed: ") + ncclGetErrorString(queried);
   if (state == ncclSuccess || state == ncclInProgress) return "";
   // NCCL's last error is per process, not per communicator: a hint only.
   const char* detail = ncclGetLastError(comm);
@@ -83,7 +85,7 @@ struct LaunchState {
   std::shared_ptr<at::cuda::CUDAEvent> started;
   std::shared_ptr<at::cuda::CUDAEvent> done;  // set before `launched`
   std::atomic<bool> launched{false};
-  std::atomic<bool> launch_failed{false};     // its error went to the caller
+  std::atomic<bool> launch_failed{false};  // its error went to the caller
   bool is_started() const { return !launched.load(std::memory_order_acquire) || started->query(); }
   bool is_done() const {
     if (launch_failed.load(std::memory_order_acquire)) return true;
@@ -107,13 +109,14 @@ class NcclCommunicator final : public Communicator {
     std::memcpy(&id, id_bytes.data_ptr(), sizeof(id));
     c10::cuda::CUDAGuard guard(device_);
     ncclComm_t raw = nullptr;
-    SHARDTORCH_NCCL_CHECK(ncclCommInitRank(&raw, static_cast<int>(size_), id, static_cast<int>(rank_)),
-                          "ncclCommInitRank for group '" + name_ + "'");
+    SHARDTORCH_NCCL_CHECK(
+        ncclCommInitRank(&raw, static_cast<int>(size_), id, static_cast<int>(rank_)),
+        "ncclCommInitRank for group '" + name_ + "'");
     comm_.reset(raw);
 
-    const std::string description = "group '" + name_ + "' (rank " + std::to_string(rank_) + " of " +
-                                    std::to_string(size_) + ", nccl on cuda:" +
-                                    std::to_string(device_) + ")";
+    const std::string description = "group '" + name_ + "' (rank " + std::to_string(rank_) +
+                                    " of " + std::to_string(size_) +
+                                    ", nccl on cuda:" + std::to_string(device_) + ")";
     WatchdogBackend backend;
     backend.async_error = [raw] { return nccl_async_error(raw); };
     backend.abort = [this] { abort(); };
@@ -155,7 +158,8 @@ class NcclCommunicator final : public Communicator {
     });
   }
 
-  std::shared_ptr<CommHandle> all_gather_async(const at::Tensor& input, at::Tensor& output) override {
+  std::shared_ptr<CommHandle> all_gather_async(const at::Tensor& input,
+                                               at::Tensor& output) override {
     TORCH_CHECK(output.numel() == input.numel() * size_, "all_gather: output must hold ", size_,
                 " blocks of ", input.numel(), " elements, got ", output.numel());
     return enqueue({input, output}, "all_gather", [&](cudaStream_t s) {
@@ -177,7 +181,8 @@ class NcclCommunicator final : public Communicator {
   std::shared_ptr<CommHandle> broadcast_async(at::Tensor& tensor, int64_t root) override {
     return enqueue({tensor}, "broadcast", [&](cudaStream_t s) {
       return ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(),
-                           nccl_dtype(tensor.scalar_type()), static_cast<int>(root), comm_.get(), s);
+                           nccl_dtype(tensor.scalar_type()), static_cast<int>(root), comm_.get(),
+                           s);
     });
   }
 
@@ -234,8 +239,8 @@ class NcclCommunicator final : public Communicator {
     for (const auto& t : tensors) {
       c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream_);
     }
-    watchdog_->watch(what, [state] { return state->is_started(); },
-                     [state] { return state->is_done(); });
+    watchdog_->watch(
+        what, [state] { return state->is_started(); }, [state] { return state->is_done(); });
     try {
       SHARDTORCH_NCCL_CHECK(launch(stream_.stream()),
                             std::string(what) + " on group '" + name_ + "'");

@@ -19,7 +19,8 @@ class ProcessGroupHandle final : public CommHandle {
     try {
       work_->wait();
     } catch (const std::exception& e) {
-      TORCH_CHECK(false, "shardtorch: ", collective_, " on group '", group_, "' failed: ", e.what());
+      TORCH_CHECK(false, "shardtorch: ", collective_, " on group '", group_,
+                  "' failed: ", e.what());
     }
     work_.reset();
   }
@@ -50,7 +51,8 @@ std::shared_ptr<CommHandle> ProcessGroupCommunicator::all_reduce_async(at::Tenso
   check_contiguous(tensor, "all_reduce tensor");
   if (size_ == 1 || tensor.numel() == 0) return std::make_shared<CompletedHandle>();
   std::vector<at::Tensor> tensors{tensor};
-  return std::make_shared<ProcessGroupHandle>(group_->allreduce(tensors), group_name_, "all_reduce");
+  return std::make_shared<ProcessGroupHandle>(group_->allreduce(tensors), group_name_,
+                                              "all_reduce");
 }
 
 std::shared_ptr<CommHandle> ProcessGroupCommunicator::all_gather_async(const at::Tensor& input,

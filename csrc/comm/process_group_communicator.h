@@ -22,7 +22,8 @@ class ProcessGroupCommunicator final : public Communicator {
   std::string backend_name() const override;
 
   std::shared_ptr<CommHandle> all_reduce_async(at::Tensor& tensor) override;
-  std::shared_ptr<CommHandle> all_gather_async(const at::Tensor& input, at::Tensor& output) override;
+  std::shared_ptr<CommHandle> all_gather_async(const at::Tensor& input,
+                                               at::Tensor& output) override;
   std::shared_ptr<CommHandle> reduce_scatter_async(const at::Tensor& input,
                                                    at::Tensor& output) override;
   std::shared_ptr<CommHandle> broadcast_async(at::Tensor& tensor, int64_t root) override;

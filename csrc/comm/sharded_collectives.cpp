@@ -20,8 +20,8 @@ PendingTensor all_gather_along_dim_async(Communicator& comm, const at::Tensor& i
   TORCH_INTERNAL_ASSERT(static_cast<int64_t>(sizes.size()) == world);
   TORCH_INTERNAL_ASSERT(input.size(dim) == sizes[comm.rank()]);
   const int64_t block_rows = max_of(sizes);
-  const bool even = std::all_of(sizes.begin(), sizes.end(),
-                                [&](int64_t s) { return s == block_rows; });
+  const bool even =
+      std::all_of(sizes.begin(), sizes.end(), [&](int64_t s) { return s == block_rows; });
 
   // Blocks travel with the gathered dimension first so that each rank's block
   // is one contiguous run of memory.

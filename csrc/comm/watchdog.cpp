@@ -136,8 +136,7 @@ std::string CollectiveWatchdog::poll(std::vector<std::shared_ptr<Work>>& finishe
     if (work->running && !oldest_running) oldest_running = work;
   }
   if (oldest_running && now - oldest_running->started_at >= timeout_) {
-    const double seconds =
-        std::chrono::duration<double>(now - oldest_running->started_at).count();
+    const double seconds = std::chrono::duration<double>(now - oldest_running->started_at).count();
     std::ostringstream out;
     out << std::fixed << std::setprecision(1) << "shardtorch: " << oldest_running->collective
         << " #" << oldest_running->sequence << " on " << group_ << " has not finished " << seconds

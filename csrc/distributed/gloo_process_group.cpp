@@ -47,8 +47,8 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_gloo_process_group(
   } else {
     options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
   }
-  auto backend = c10::make_intrusive<c10d::ProcessGroupGloo>(
-      store, static_cast<int>(group_rank), static_cast<int>(group_size), options);
+  auto backend = c10::make_intrusive<c10d::ProcessGroupGloo>(store, static_cast<int>(group_rank),
+                                                             static_cast<int>(group_size), options);
   // Ops and communicators take a ProcessGroup (as torch.distributed hands
   // them to Python): wrap the backend as the group's CPU (and default) backend.
   auto group = c10::make_intrusive<c10d::ProcessGroup>(store, static_cast<int>(group_rank),

@@ -45,7 +45,8 @@ void check_options(const InitOptions& options) {
   const auto& backend = options.backend();
   TORCH_CHECK(backend == "gloo" || backend == "cpu:gloo,cuda:nccl",
               "shardtorch::distributed::init_process_group: backend must be \"gloo\" (CUDA tensors "
-              "use NCCL automatically) or \"cpu:gloo,cuda:nccl\", got \"", backend, "\"");
+              "use NCCL automatically) or \"cpu:gloo,cuda:nccl\", got \"",
+              backend, "\"");
 }
 
 // Every member of `ranks` creates the group over a store prefix unique to it;
@@ -60,8 +61,8 @@ void create_and_register(const c10::intrusive_ptr<c10d::Store>& store, const std
   }
   if (group_rank < 0) return;
   auto group_store = c10::make_intrusive<c10d::PrefixStore>("shardtorch/" + key, store);
-  auto group = make_gloo_process_group(group_store, group_rank,
-                                       static_cast<int64_t>(ranks.size()), timeout);
+  auto group =
+      make_gloo_process_group(group_store, group_rank, static_cast<int64_t>(ranks.size()), timeout);
   comm::register_group(name, std::move(group), ranks);
 }
 
@@ -73,8 +74,10 @@ std::chrono::milliseconds default_timeout() {
     try {
       return std::chrono::seconds(std::stoll(seconds));
     } catch (const std::exception&) {
-      TORCH_CHECK(false, "shardtorch::distributed: SHARDTORCH_TIMEOUT must be a number of seconds, "
-                  "got '", seconds, "'");
+      TORCH_CHECK(false,
+                  "shardtorch::distributed: SHARDTORCH_TIMEOUT must be a number of seconds, "
+                  "got '",
+                  seconds, "'");
     }
   }
   return std::chrono::seconds(300);
@@ -114,13 +117,13 @@ void init_process_group(const InitOptions& options) {
   try {
     const auto tp_groups = layout.tensor_parallel_groups();
     for (size_t i = 0; i < tp_groups.size(); ++i) {
-      create_and_register(store, kTensorParallel, "tp/" + std::to_string(i), tp_groups[i],
-                          env.rank, options.timeout());
+      create_and_register(store, kTensorParallel, "tp/" + std::to_string(i), tp_groups[i], env.rank,
+                          options.timeout());
     }
     const auto dp_groups = layout.data_parallel_groups();
     for (size_t i = 0; i < dp_groups.size(); ++i) {
-      create_and_register(store, kDataParallel, "dp/" + std::to_string(i), dp_groups[i],
-                          env.rank, options.timeout());
+      create_and_register(store, kDataParallel, "dp/" + std::to_string(i), dp_groups[i], env.rank,
+                          options.timeout());
     }
     std::vector<int64_t> everyone;
     for (int64_t r = 0; r < env.world_size; ++r) everyone.push_back(r);

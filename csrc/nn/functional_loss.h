@@ -77,11 +77,11 @@ inline std::optional<at::Tensor> optional_tensor(const at::Tensor& t) {
 // forward, nothing backward; `input` is never modified.
 inline at::Tensor parallel_cross_entropy(const at::Tensor& input, const at::Tensor& target,
                                          const ParallelCrossEntropyFuncOptions& options = {}) {
-  return ops::parallel_cross_entropy(
-      input, target, detail::optional_tensor(options.weight()), options.ignore_index(),
-      options.label_smoothing(), options.z_loss(),
-      torch::enumtype::reduction_get_enum(options.reduction()), options.group(),
-      options.num_classes());
+  return ops::parallel_cross_entropy(input, target, detail::optional_tensor(options.weight()),
+                                     options.ignore_index(), options.label_smoothing(),
+                                     options.z_loss(),
+                                     torch::enumtype::reduction_get_enum(options.reduction()),
+                                     options.group(), options.num_classes());
 }
 
 // parallel_cross_entropy(input weight^T + bias, target) for a column-parallel

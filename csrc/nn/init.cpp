@@ -38,8 +38,8 @@ LinearBounds linear_bounds(int64_t in_features) {
 }
 
 void init_linear_shard_(at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                        int64_t in_features, int64_t out_features, Range out_range,
-                        Range in_range, int64_t chunk_elements) {
+                        int64_t in_features, int64_t out_features, Range out_range, Range in_range,
+                        int64_t chunk_elements) {
   TORCH_CHECK(chunk_elements >= 1, "init_linear_shard_: chunk_elements must be >= 1, got ",
               chunk_elements);
   check_shard_shape(weight, out_range, in_range, "init_linear_shard_");

@@ -37,8 +37,8 @@ LinearBounds linear_bounds(int64_t in_features);
 // many chunks); any value gives the same numbers. Python's
 // shardtorch.nn.init calls this through shardtorch._C.
 void init_linear_shard_(at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                        int64_t in_features, int64_t out_features, Range out_range,
-                        Range in_range, int64_t chunk_elements = kInitChunkElements);
+                        int64_t in_features, int64_t out_features, Range out_range, Range in_range,
+                        int64_t chunk_elements = kInitChunkElements);
 
 }  // namespace nn
 }  // namespace shardtorch

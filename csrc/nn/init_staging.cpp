@@ -17,8 +17,8 @@ void check_shard_shape(const at::Tensor& shard, Range row_range, Range col_range
               "), got ", shard.sizes());
 }
 
-void copy_chunk_block(at::Tensor& shard, const at::Tensor& chunk, int64_t first,
-                      Range row_range, Range col_range) {
+void copy_chunk_block(at::Tensor& shard, const at::Tensor& chunk, int64_t first, Range row_range,
+                      Range col_range) {
   const int64_t last = first + chunk.size(0);
   const int64_t lo = std::max(first, row_range.first);
   const int64_t hi = std::min(last, row_range.second);

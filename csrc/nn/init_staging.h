@@ -16,14 +16,13 @@ namespace nn {
 using Range = std::pair<int64_t, int64_t>;
 
 // `shard` must be [row_range size, col_range size]; `what` names the caller.
-void check_shard_shape(const at::Tensor& shard, Range row_range, Range col_range,
-                       const char* what);
+void check_shard_shape(const at::Tensor& shard, Range row_range, Range col_range, const char* what);
 
 // Copies the part of `chunk` (rows [first, first + chunk.size(0)) of the full
 // matrix, all its columns) that falls in the shard's rows and columns into
 // the shard (rows `row_range`, columns `col_range` of the full matrix).
-void copy_chunk_block(at::Tensor& shard, const at::Tensor& chunk, int64_t first,
-                      Range row_range, Range col_range);
+void copy_chunk_block(at::Tensor& shard, const at::Tensor& chunk, int64_t first, Range row_range,
+                      Range col_range);
 
 // Runs `fill` on a CPU tensor holding `param`'s values (`param` itself when it
 // is on the CPU) and copies the result to `param`: the CPU generator defines

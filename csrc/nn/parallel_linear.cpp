@@ -34,8 +34,8 @@ void ParallelLinearImpl::reset() {
   } else if (dim == 0) {
     in_range = topology::shard_range(options.in_features(), group_size, group_rank);
   }
-  weight = register_parameter(
-      "weight", torch::empty({out_range.second - out_range.first, in_range.second - in_range.first}));
+  weight = register_parameter("weight", torch::empty({out_range.second - out_range.first,
+                                                      in_range.second - in_range.first}));
   if (options.bias()) {
     bias = register_parameter("bias", torch::empty({out_range.second - out_range.first}));
   } else {
@@ -60,8 +60,8 @@ void ParallelLinearImpl::pretty_print(std::ostream& stream) const {
   } else {
     stream << "None";
   }
-  stream << ", group=" << options.group() << ", shard=[" << weight.size(0) << ", "
-         << weight.size(1) << "])";
+  stream << ", group=" << options.group() << ", shard=[" << weight.size(0) << ", " << weight.size(1)
+         << "])";
 }
 
 torch::Tensor ParallelLinearImpl::forward(const torch::Tensor& input) {

@@ -20,8 +20,8 @@ void check_target(const at::Tensor& input, const at::Tensor& target, const char*
   TORCH_CHECK(target.dim() == leading_dims, op, ": target must have the leading shape of the ",
               "input without its last dim (", leading_dims, "-D), got shape ", target.sym_sizes());
   for (int64_t d = 0; d < leading_dims; ++d) {
-    TORCH_CHECK(target.sym_size(d) == input.sym_size(d), op, ": target shape ",
-                target.sym_sizes(), " must match the input's leading shape ", input.sym_sizes());
+    TORCH_CHECK(target.sym_size(d) == input.sym_size(d), op, ": target shape ", target.sym_sizes(),
+                " must match the input's leading shape ", input.sym_sizes());
   }
 }
 
@@ -31,10 +31,9 @@ void check_class_weight(const at::Tensor& input, const std::optional<at::Tensor>
                         const char* name, const char* op) {
   if (!weight.has_value() || !weight->defined()) return;
   check_floating(*weight, name, op);
-  TORCH_CHECK(weight->device() == input.device(), op, ": ", name,
-              " must be on the input's device ", input.device(), ", got ", weight->device());
-  TORCH_CHECK(weight->dim() == 1, op, ": ", name, " must be 1-D, got shape ",
-              weight->sym_sizes());
+  TORCH_CHECK(weight->device() == input.device(), op, ": ", name, " must be on the input's device ",
+              input.device(), ", got ", weight->device());
+  TORCH_CHECK(weight->dim() == 1, op, ": ", name, " must be 1-D, got shape ", weight->sym_sizes());
 }
 
 }  // namespace
@@ -88,8 +87,8 @@ void check_saved_row_stats(const at::Tensor& row_stats, int64_t rows, const char
   TORCH_CHECK(row_stats.dim() == 2 && row_stats.size(0) == rows + 1 &&
                   row_stats.size(1) == kNumSavedStats && row_stats.scalar_type() == at::kDouble,
               op, ": row_stats must be the float64 [rows + 1, ", kNumSavedStats,
-              "] statistics of the forward (rows = ", rows, "), got ", row_stats.scalar_type(),
-              " ", row_stats.sizes());
+              "] statistics of the forward (rows = ", rows, "), got ", row_stats.scalar_type(), " ",
+              row_stats.sizes());
 }
 
 c10::SymInt leading_rows(const at::Tensor& t) {

@@ -46,9 +46,9 @@ struct CrossEntropyKernelAdapter {
                        const at::Tensor& row_stats, const at::Tensor& target,
                        const std::optional<at::Tensor>& weight, int64_t ignore_index,
                        double label_smoothing, double z_loss, int64_t reduction) {
-    parallel_cross_entropy_backward_impl(grad_loss, logits_buffer, row_stats, target, weight,
-                                         options_of(ignore_index, label_smoothing, z_loss, reduction),
-                                         kernels());
+    parallel_cross_entropy_backward_impl(
+        grad_loss, logits_buffer, row_stats, target, weight,
+        options_of(ignore_index, label_smoothing, z_loss, reduction), kernels());
   }
 
   static std::tuple<at::Tensor, at::Tensor> fused_forward(

@@ -14,11 +14,11 @@ namespace ops {
 
 // Columns of the per-row statistics one rank computes over its own classes.
 enum RowStat : int64_t {
-  kRowMax = 0,          // max of the row's logits (-inf for no classes)
-  kRowSumExp = 1,       // sum of exp(x - max)
-  kRowTargetLogit = 2,  // x[target] when this rank holds the target, else 0
-  kRowWeightedSum = 3,  // sum of w_c x_c (w = 1 without class weights)
-  kRowTargetWeight = 4, // w[target] when this rank holds the target, else 0
+  kRowMax = 0,           // max of the row's logits (-inf for no classes)
+  kRowSumExp = 1,        // sum of exp(x - max)
+  kRowTargetLogit = 2,   // x[target] when this rank holds the target, else 0
+  kRowWeightedSum = 3,   // sum of w_c x_c (w = 1 without class weights)
+  kRowTargetWeight = 4,  // w[target] when this rank holds the target, else 0
   kNumRowStats = 5,
 };
 
@@ -44,17 +44,15 @@ class CrossEntropyKernels {
   //   copy_to: undefined, or [rows, c] contiguous receiving the logits in the
   //   same pass (the backward buffer of the plain op).
   virtual void accumulate_row_stats(const at::Tensor& logits, int64_t col_begin,
-                                    const at::Tensor& target_local,
-                                    const at::Tensor& weight_local, const at::Tensor& stats,
-                                    const at::Tensor& copy_to) const = 0;
+                                    const at::Tensor& target_local, const at::Tensor& weight_local,
+                                    const at::Tensor& stats, const at::Tensor& copy_to) const = 0;
 
   // In place over `values` [rows, c] contiguous (logits in, gradient out):
   //   v = grad_scale * exp(x - lse) - target_scale * [col == target]
   //       - smooth_scale * w_col
   // coefs [rows, kNumGradCoefs] in the stats dtype.
   virtual void softmax_grad_inplace(const at::Tensor& values, int64_t col_begin,
-                                    const at::Tensor& target_local,
-                                    const at::Tensor& weight_local,
+                                    const at::Tensor& target_local, const at::Tensor& weight_local,
                                     const at::Tensor& coefs) const = 0;
 };
 

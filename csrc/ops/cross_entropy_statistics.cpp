@@ -24,7 +24,8 @@ enum GatheredTrailer : int64_t {
 const char* describe(int64_t code) {
   switch (code) {
     case LocalCheck::kShardSize: return "its logits' class count is not its shard of the classes";
-    case LocalCheck::kWeightSize: return "its class weight has neither its shard's nor all classes' size";
+    case LocalCheck::kWeightSize:
+      return "its class weight has neither its shard's nor all classes' size";
     default: return "a target value out of range (its targets differ from this rank's)";
   }
 }
@@ -55,7 +56,8 @@ ClassLayout resolve_class_layout(comm::Communicator& communicator, int64_t local
     TORCH_CHECK(total >= 1, op, ": the group holds no classes at all (every shard is empty)");
     TORCH_CHECK(sizes == topology::shard_sizes(total, size), op,
                 ": class shards must follow the split rule (the first total % ranks ranks hold "
-                "one more class), got shard sizes ", c10::IntArrayRef(sizes), " over group ranks");
+                "one more class), got shard sizes ",
+                c10::IntArrayRef(sizes), " over group ranks");
     layout.num_classes = total;
   }
   layout.offset = topology::shard_offset(layout.num_classes, size, rank);
@@ -68,16 +70,15 @@ ClassLayout resolve_class_layout(comm::Communicator& communicator, int64_t local
 at::Tensor targets_out_of_range(const at::Tensor& target, int64_t ignore_index,
                                 int64_t num_classes) {
   if (target.numel() == 0) return at::Tensor();
-  return target.ne(ignore_index)
-      .logical_and(target.lt(0).logical_or(target.ge(num_classes)))
-      .any();
+  return target.ne(ignore_index).logical_and(target.lt(0).logical_or(target.ge(num_classes))).any();
 }
 
 std::string target_error(const CrossEntropyForwardSetup& setup, const CrossEntropyOptions& options,
                          const char* op) {
   const at::Tensor& target = setup.target_flat;
-  const at::Tensor bad = target.ne(options.ignore_index)
-                             .logical_and(target.lt(0).logical_or(target.ge(setup.layout.num_classes)));
+  const at::Tensor bad =
+      target.ne(options.ignore_index)
+          .logical_and(target.lt(0).logical_or(target.ge(setup.layout.num_classes)));
   const int64_t value = target.masked_select(bad).view(-1)[0].item<int64_t>();
   return c10::str(op, ": target values must be in [0, num_classes=", setup.layout.num_classes,
                   ") or equal ignore_index=", options.ignore_index, ", got ", value);
@@ -122,8 +123,8 @@ void raise_if_any_rank_failed(const at::Tensor& codes, const CrossEntropyForward
   TORCH_CHECK(own != LocalCheck::kTarget, target_error(setup, options, op));
   for (int64_t r = 0; r < host.size(0); ++r) {
     const auto code = static_cast<int64_t>(code_of[r]);
-    TORCH_CHECK(code == LocalCheck::kOk, op, ": group rank ", r, " failed a check: ",
-                describe(code), " (its own error says more)");
+    TORCH_CHECK(code == LocalCheck::kOk, op, ": group rank ", r,
+                " failed a check: ", describe(code), " (its own error says more)");
   }
 }
 
@@ -242,8 +243,8 @@ at::Tensor combine_over_group(const CrossEntropyForwardSetup& setup, const at::T
   if (setup.check.code != LocalCheck::kOk || !setup.check.target_out_of_range.defined()) {
     code.fill_(static_cast<double>(setup.check.code));
   } else {
-    code.copy_(at::where(setup.check.target_out_of_range,
-                         static_cast<double>(LocalCheck::kTarget), 0.0));
+    code.copy_(
+        at::where(setup.check.target_out_of_range, static_cast<double>(LocalCheck::kTarget), 0.0));
   }
   at::Tensor gathered = at::empty({communicator.size(), rows + 1, kNumRowStats}, f64);
   communicator.all_gather(packed, gathered);

@@ -33,8 +33,8 @@ std::vector<int64_t> sizes_from_full_size(comm::Communicator& communicator, cons
     TORCH_CHECK(total >= 0, op, ": full_size must be >= 0, got ", total);
     auto sizes = topology::shard_sizes(total, world);
     TORCH_CHECK(sizes[rank] == input.size(dim), op, ": input.size(", dim, ") must be rank ", rank,
-                "'s shard of full_size=", total, " over ", world, " ranks (", sizes[rank], "), got ",
-                input.size(dim));
+                "'s shard of full_size=", total, " over ", world, " ranks (", sizes[rank],
+                "), got ", input.size(dim));
     return sizes;
   }
   // Every rank's (shard length along dim, full_size), in one tiny all-gather:
@@ -70,14 +70,16 @@ std::vector<int64_t> gathered_sizes(comm::Communicator& communicator, const at::
                                     const char* op) {
   const int64_t world = communicator.size();
   if (full_size.has_value()) {
-    return sizes_from_full_size(communicator, input, dim, full_size->guard_int(__FILE__, __LINE__), op);
+    return sizes_from_full_size(communicator, input, dim, full_size->guard_int(__FILE__, __LINE__),
+                                op);
   }
   auto sizes = comm::exchange_sizes(communicator, input.size(dim), input.device());
   int64_t total = 0;
   for (auto s : sizes) total += s;
-  TORCH_CHECK(sizes == topology::shard_sizes(total, world), op,
-              ": shards along dim ", dim, " must follow the split rule (the first total % ranks "
-              "ranks hold one more), got sizes ", c10::IntArrayRef(sizes));
+  TORCH_CHECK(sizes == topology::shard_sizes(total, world), op, ": shards along dim ", dim,
+              " must follow the split rule (the first total % ranks "
+              "ranks hold one more), got sizes ",
+              c10::IntArrayRef(sizes));
   return sizes;
 }
 

@@ -13,8 +13,8 @@ namespace ops {
 // `dim` of a tensor with `ndim` dimensions, negative allowed, as an index.
 inline int64_t normalize_dim(int64_t dim, int64_t ndim, const char* op) {
   TORCH_CHECK(ndim >= 1, op, ": input must have at least 1 dimension, got a scalar");
-  TORCH_CHECK(dim >= -ndim && dim < ndim, op, ": dim must be in [", -ndim, ", ", ndim,
-              ") for a ", ndim, "-D input, got ", dim);
+  TORCH_CHECK(dim >= -ndim && dim < ndim, op, ": dim must be in [", -ndim, ", ", ndim, ") for a ",
+              ndim, "-D input, got ", dim);
   return dim < 0 ? dim + ndim : dim;
 }
 

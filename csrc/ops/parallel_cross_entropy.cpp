@@ -27,8 +27,8 @@ TORCH_LIBRARY_FRAGMENT(shard, m) {
 }
 
 using ForwardSig = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-    const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, int64_t, double,
-    double, int64_t, const std::string&, std::optional<int64_t>);
+    const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, int64_t, double, double,
+    int64_t, const std::string&, std::optional<int64_t>);
 
 at::Tensor parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& target,
                                   const std::optional<at::Tensor>& weight, int64_t ignore_index,
@@ -56,14 +56,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> parallel_cross_entropy_forward(
 
 void parallel_cross_entropy_backward(const at::Tensor& grad_loss, const at::Tensor& logits_buffer,
                                      const at::Tensor& row_stats, const at::Tensor& target,
-                                     const std::optional<at::Tensor>& weight,
-                                     int64_t ignore_index, double label_smoothing, double z_loss,
-                                     int64_t reduction) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("shard::_parallel_cross_entropy_backward", "")
-                       .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                   const at::Tensor&, const std::optional<at::Tensor>&, int64_t,
-                                   double, double, int64_t)>();
+                                     const std::optional<at::Tensor>& weight, int64_t ignore_index,
+                                     double label_smoothing, double z_loss, int64_t reduction) {
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("shard::_parallel_cross_entropy_backward", "")
+          .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                      const std::optional<at::Tensor>&, int64_t, double, double, int64_t)>();
   op.call(grad_loss, logits_buffer, row_stats, target, weight, ignore_index, label_smoothing,
           z_loss, reduction);
 }

@@ -68,9 +68,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> parallel_cross_entropy_forward(
 
 void parallel_cross_entropy_backward(const at::Tensor& grad_loss, const at::Tensor& logits_buffer,
                                      const at::Tensor& row_stats, const at::Tensor& target,
-                                     const std::optional<at::Tensor>& weight,
-                                     int64_t ignore_index, double label_smoothing, double z_loss,
-                                     int64_t reduction);
+                                     const std::optional<at::Tensor>& weight, int64_t ignore_index,
+                                     double label_smoothing, double z_loss, int64_t reduction);
 
 }  // namespace ops
 }  // namespace shardtorch

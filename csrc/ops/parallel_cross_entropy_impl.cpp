@@ -43,7 +43,8 @@ void parallel_cross_entropy_backward_impl(const at::Tensor& grad_loss,
                                           const CrossEntropyKernels& kernels) {
   TORCH_CHECK(logits_buffer.dim() == 2 && logits_buffer.is_contiguous(), kBackward,
               ": logits_buffer must be the contiguous [rows, local_classes] buffer of the "
-              "forward, got shape ", logits_buffer.sizes());
+              "forward, got shape ",
+              logits_buffer.sizes());
   const int64_t rows = logits_buffer.size(0), local = logits_buffer.size(1);
   check_saved_row_stats(row_stats, rows, kBackward);
   const CrossEntropyBackwardSetup setup = prepare_cross_entropy_backward(

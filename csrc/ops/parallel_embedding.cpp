@@ -146,17 +146,17 @@ at::Tensor& parallel_embedding_renorm_composite(at::Tensor& weight, const at::Te
 at::Tensor parallel_embedding(const at::Tensor& input, const at::Tensor& weight,
                               std::optional<int64_t> padding_idx, int64_t dim, int64_t full_size,
                               bool scale_grad_by_freq, bool sparse, const std::string& group) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("shard::parallel_embedding", "")
-                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&,
-                                         std::optional<int64_t>, int64_t, int64_t, bool, bool,
-                                         const std::string&)>();
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("shard::parallel_embedding", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, std::optional<int64_t>, int64_t,
+                            int64_t, bool, bool, const std::string&)>();
   return op.call(input, weight, padding_idx, dim, full_size, scale_grad_by_freq, sparse, group);
 }
 
-at::Tensor& parallel_embedding_renorm_(at::Tensor& weight, const at::Tensor& input,
-                                       double max_norm, double norm_type, int64_t dim,
-                                       int64_t full_size, const std::string& group) {
+at::Tensor& parallel_embedding_renorm_(at::Tensor& weight, const at::Tensor& input, double max_norm,
+                                       double norm_type, int64_t dim, int64_t full_size,
+                                       const std::string& group) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("shard::parallel_embedding_renorm_", "")
                        .typed<at::Tensor&(at::Tensor&, const at::Tensor&, double, double, int64_t,

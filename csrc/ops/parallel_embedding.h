@@ -34,9 +34,9 @@ at::Tensor parallel_embedding(const at::Tensor& input, const at::Tensor& weight,
                               std::optional<int64_t> padding_idx, int64_t dim, int64_t full_size,
                               bool scale_grad_by_freq, bool sparse, const std::string& group);
 
-at::Tensor& parallel_embedding_renorm_(at::Tensor& weight, const at::Tensor& input,
-                                       double max_norm, double norm_type, int64_t dim,
-                                       int64_t full_size, const std::string& group);
+at::Tensor& parallel_embedding_renorm_(at::Tensor& weight, const at::Tensor& input, double max_norm,
+                                       double norm_type, int64_t dim, int64_t full_size,
+                                       const std::string& group);
 
 }  // namespace ops
 }  // namespace shardtorch

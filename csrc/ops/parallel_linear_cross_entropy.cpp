@@ -51,13 +51,12 @@ std::tuple<at::Tensor, at::Tensor> parallel_linear_cross_entropy_forward(
     const at::Tensor& target, const OptTensor& class_weight, int64_t ignore_index,
     double label_smoothing, double z_loss, int64_t reduction, int64_t chunk_size,
     const std::string& group, std::optional<int64_t> num_classes) {
-  static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("shard::_parallel_linear_cross_entropy_forward", "")
-          .typed<std::tuple<at::Tensor, at::Tensor>(
-              const at::Tensor&, const at::Tensor&, const OptTensor&, const at::Tensor&,
-              const OptTensor&, int64_t, double, double, int64_t, int64_t, const std::string&,
-              std::optional<int64_t>)>();
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("shard::_parallel_linear_cross_entropy_forward", "")
+                       .typed<std::tuple<at::Tensor, at::Tensor>(
+                           const at::Tensor&, const at::Tensor&, const OptTensor&,
+                           const at::Tensor&, const OptTensor&, int64_t, double, double, int64_t,
+                           int64_t, const std::string&, std::optional<int64_t>)>();
   return op.call(input, weight, bias, target, class_weight, ignore_index, label_smoothing, z_loss,
                  reduction, chunk_size, group, num_classes);
 }

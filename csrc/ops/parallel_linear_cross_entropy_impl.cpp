@@ -36,8 +36,8 @@ std::tuple<at::Tensor, at::Tensor> parallel_linear_cross_entropy_forward_impl(
   const int64_t rows = leading_rows(input).guard_int(__FILE__, __LINE__);
   const int64_t local = weight.size(0), features = weight.size(1);
   const CrossEntropyForwardSetup setup =
-      prepare_cross_entropy_forward(group, input.device(), input.scalar_type(), local,
-                                    num_classes, target, class_weight, options, kForward);
+      prepare_cross_entropy_forward(group, input.device(), input.scalar_type(), local, num_classes,
+                                    target, class_weight, options, kForward);
 
   const at::Tensor x = input.reshape({rows, features}).contiguous();
   const at::Tensor w = weight.contiguous();
@@ -46,8 +46,8 @@ std::tuple<at::Tensor, at::Tensor> parallel_linear_cross_entropy_forward_impl(
   for (int64_t begin = 0; setup.check.code == LocalCheck::kOk && begin < local;
        begin += chunk_size) {
     const int64_t width = std::min(chunk_size, local - begin);
-    kernels.accumulate_row_stats(chunk_logits(x, w, bias, begin, width), begin,
-                                 setup.target_local, setup.weight_local, stats, at::Tensor());
+    kernels.accumulate_row_stats(chunk_logits(x, w, bias, begin, width), begin, setup.target_local,
+                                 setup.weight_local, stats, at::Tensor());
   }
   at::Tensor saved = combine_over_group(setup, stats, options, kForward);
   at::Tensor loss = reduce_loss(saved, target, options, input.scalar_type());
@@ -83,8 +83,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> parallel_linear_cross_entropy_bac
     const int64_t width = std::min(chunk_size, local - begin);
     const bool last = begin + chunk_size >= local;
     at::Tensor chunk = chunk_logits(x, w, bias, begin, width);
-    kernels.softmax_grad_inplace(chunk, begin, setup.target_local, setup.weight_local,
-                                 setup.coefs);
+    kernels.softmax_grad_inplace(chunk, begin, setup.target_local, setup.weight_local, setup.coefs);
     if (output_mask[0]) {
       const at::Tensor w_chunk = w.narrow(0, begin, width);
       if (chunk.scalar_type() == acc) {

@@ -23,7 +23,8 @@ int64_t leading_rows(const at::Tensor& t) {
 }
 
 // The slice of the input this rank multiplies with its weight, as [M, K].
-at::Tensor local_input_2d(const at::Tensor& input, const at::Tensor& weight, const LinearPlan& plan) {
+at::Tensor local_input_2d(const at::Tensor& input, const at::Tensor& weight,
+                          const LinearPlan& plan) {
   at::Tensor x = plan.input_is_whole ? input.narrow(-1, plan.input_offset, weight.size(1)) : input;
   return x.reshape({leading_rows(input), weight.size(1)}).contiguous();
 }
@@ -63,7 +64,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> parallel_linear_backward_impl(
   TORCH_CHECK(grad_output.size(-1) == weight.size(0), kBackward,
               ": grad_output.size(-1) must equal weight.size(0) = ", weight.size(0), ", got ",
               grad_output.sizes());
-  const at::Tensor grad = grad_output.reshape({leading_rows(grad_output), weight.size(0)}).contiguous();
+  const at::Tensor grad =
+      grad_output.reshape({leading_rows(grad_output), weight.size(0)}).contiguous();
   const at::Tensor w = weight.contiguous();
 
   at::Tensor grad_input, grad_weight, grad_bias;

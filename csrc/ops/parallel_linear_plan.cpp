@@ -36,8 +36,9 @@ LinearPlan plan_parallel_linear(const at::Tensor& input, const at::Tensor& weigh
   const int64_t in_features = concrete(input.sym_size(-1));
   const int64_t weight_in = concrete(weight.sym_size(1));
   if (!dim.has_value()) {
-    TORCH_CHECK(in_features == weight_in, op, ": input.size(-1) must equal in_features = ",
-                weight_in, " (weight.size(1)), got input of shape ", input.sym_sizes());
+    TORCH_CHECK(in_features == weight_in, op,
+                ": input.size(-1) must equal in_features = ", weight_in,
+                " (weight.size(1)), got input of shape ", input.sym_sizes());
     return plan;
   }
   auto info = comm::group_layout(group, op);
@@ -54,11 +55,11 @@ LinearPlan plan_parallel_linear(const at::Tensor& input, const at::Tensor& weigh
   const int64_t local = weight_in;
   if (in_features != local) {
     const int64_t expected = topology::shard_size(in_features, info.size, info.rank);
-    TORCH_CHECK(expected == local, op,
-                "(dim=0): input.size(-1) must be this rank's input shard (", local,
-                " = weight.size(1)) or the whole in_features whose shard on rank ", info.rank,
-                " of ", info.size, " is ", local, "; got input of shape ", input.sym_sizes(),
-                " (a whole input of ", in_features, " features gives this rank ", expected, ")");
+    TORCH_CHECK(expected == local, op, "(dim=0): input.size(-1) must be this rank's input shard (",
+                local, " = weight.size(1)) or the whole in_features whose shard on rank ",
+                info.rank, " of ", info.size, " is ", local, "; got input of shape ",
+                input.sym_sizes(), " (a whole input of ", in_features, " features gives this rank ",
+                expected, ")");
     plan.input_is_whole = true;
     plan.input_offset = topology::shard_offset(in_features, info.size, info.rank);
     plan.whole_in_features = in_features;

@@ -20,10 +20,12 @@ using comm::CollectiveWatchdog;
 // with the GIL released or the two would wait on each other.
 class WatchdogForTesting {
  public:
-  WatchdogForTesting(const std::string& group, double timeout_s, std::function<std::string()> async_error,
-                     std::function<void()> abort, const std::string& policy, double poll_s,
+  WatchdogForTesting(const std::string& group, double timeout_s,
+                     std::function<std::string()> async_error, std::function<void()> abort,
+                     const std::string& policy, double poll_s,
                      std::function<void()> on_thread_start) {
-    comm::WatchdogBackend backend{std::move(async_error), std::move(abort), std::move(on_thread_start)};
+    comm::WatchdogBackend backend{std::move(async_error), std::move(abort),
+                                  std::move(on_thread_start)};
     // "env": what the NCCL communicators use (SHARDTORCH_ON_COMM_FAILURE).
     TORCH_CHECK(policy == "raise" || policy == "terminate" || policy == "env",
                 "policy must be 'raise', 'terminate' or 'env', got '", policy, "'");
@@ -33,9 +35,8 @@ class WatchdogForTesting {
     const auto ms = [](double seconds) {
       return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
     };
-    watchdog_ = std::make_unique<CollectiveWatchdog>(
-        group, ms(timeout_s), std::move(backend),
-        chosen, ms(poll_s));
+    watchdog_ = std::make_unique<CollectiveWatchdog>(group, ms(timeout_s), std::move(backend),
+                                                     chosen, ms(poll_s));
   }
   ~WatchdogForTesting() { close(); }
 
@@ -61,12 +62,13 @@ void bind_watchdog(py::module& m) {
            py::arg("group"), py::arg("timeout"), py::arg("async_error"), py::arg("abort"),
            py::arg("policy") = "raise", py::arg("poll_interval") = 0.01,
            py::arg("on_thread_start") = std::function<void()>())
-      .def("watch",
-           [](WatchdogForTesting& self, std::string collective, std::function<bool()> started,
-              std::function<bool()> done) {
-             return self.get().watch(std::move(collective), std::move(started), std::move(done));
-           },
-           py::arg("collective"), py::arg("started"), py::arg("done"))
+      .def(
+          "watch",
+          [](WatchdogForTesting& self, std::string collective, std::function<bool()> started,
+             std::function<bool()> done) {
+            return self.get().watch(std::move(collective), std::move(started), std::move(done));
+          },
+          py::arg("collective"), py::arg("started"), py::arg("done"))
       .def("check",
            [](WatchdogForTesting& self) {
              try {
@@ -76,16 +78,19 @@ void bind_watchdog(py::module& m) {
              }
            })
       .def_property_readonly("failed", [](WatchdogForTesting& self) { return self.get().failed(); })
-      .def_property_readonly("failure", [](WatchdogForTesting& self) { return self.get().failure(); })
-      .def_property_readonly("pending", [](WatchdogForTesting& self) { return self.get().pending(); })
+      .def_property_readonly("failure",
+                             [](WatchdogForTesting& self) { return self.get().failure(); })
+      .def_property_readonly("pending",
+                             [](WatchdogForTesting& self) { return self.get().pending(); })
       .def("stop",
            [](WatchdogForTesting& self) {
              py::gil_scoped_release release;
              self.get().stop();
            })
       .def("close", &WatchdogForTesting::close)
-      .def("__enter__", [](WatchdogForTesting& self) -> WatchdogForTesting& { return self; },
-           py::return_value_policy::reference)
+      .def(
+          "__enter__", [](WatchdogForTesting& self) -> WatchdogForTesting& { return self; },
+          py::return_value_policy::reference)
       .def("__exit__", [](WatchdogForTesting& self, py::args) { self.close(); });
 }
 

@@ -50,7 +50,8 @@ std::vector<std::vector<int64_t>> TensorParallelTopology::tensor_parallel_groups
   std::vector<std::vector<int64_t>> groups;
   for (int64_t g = 0; g < data_parallel_size(); ++g) {
     std::vector<int64_t> ranks;
-    for (int64_t i = 0; i < tensor_parallel_size_; ++i) ranks.push_back(g * tensor_parallel_size_ + i);
+    for (int64_t i = 0; i < tensor_parallel_size_; ++i)
+      ranks.push_back(g * tensor_parallel_size_ + i);
     groups.push_back(std::move(ranks));
   }
   return groups;
@@ -60,7 +61,8 @@ std::vector<std::vector<int64_t>> TensorParallelTopology::data_parallel_groups()
   std::vector<std::vector<int64_t>> groups;
   for (int64_t t = 0; t < tensor_parallel_size_; ++t) {
     std::vector<int64_t> ranks;
-    for (int64_t g = 0; g < data_parallel_size(); ++g) ranks.push_back(g * tensor_parallel_size_ + t);
+    for (int64_t g = 0; g < data_parallel_size(); ++g)
+      ranks.push_back(g * tensor_parallel_size_ + t);
     groups.push_back(std::move(ranks));
   }
   return groups;

@@ -9,12 +9,11 @@
 
 #include <c10/util/Exception.h>
 
-#define SHARDTORCH_LIBRARY_CHECK_(expr, success, describe, library, what)                   \
-  do {                                                                                      \
-    const auto _shardtorch_status = (expr);                                                 \
-    TORCH_CHECK(_shardtorch_status == (success), "shardtorch: ", library, " ", what,        \
-                " failed: ", describe(_shardtorch_status), " (", __FILE__, ":", __LINE__,   \
-                ")");                                                                       \
+#define SHARDTORCH_LIBRARY_CHECK_(expr, success, describe, library, what)                       \
+  do {                                                                                          \
+    const auto _shardtorch_status = (expr);                                                     \
+    TORCH_CHECK(_shardtorch_status == (success), "shardtorch: ", library, " ", what,            \
+                " failed: ", describe(_shardtorch_status), " (", __FILE__, ":", __LINE__, ")"); \
   } while (0)
 
 #define SHARDTORCH_NCCL_CHECK(expr, what) \

@@ -37,31 +37,31 @@ inline int finish(const char* name) {
 }  // namespace shardtorch_test
 
 #define EXPECT(cond)                                                                     \
-  do {                                                                                  \
-    std::ostringstream what_;                                                           \
-    what_ << #cond;                                                                     \
+  do {                                                                                   \
+    std::ostringstream what_;                                                            \
+    what_ << #cond;                                                                      \
     ::shardtorch_test::record(static_cast<bool>(cond), __FILE__, __LINE__, what_.str()); \
   } while (0)
 
 #define EXPECT_MSG(cond, message)                                                        \
-  do {                                                                                  \
-    std::ostringstream what_;                                                           \
-    what_ << #cond << ": " << message;                                                  \
+  do {                                                                                   \
+    std::ostringstream what_;                                                            \
+    what_ << #cond << ": " << message;                                                   \
     ::shardtorch_test::record(static_cast<bool>(cond), __FILE__, __LINE__, what_.str()); \
   } while (0)
 
-#define EXPECT_THROWS(statement, text)                                                        \
-  do {                                                                                       \
-    std::string error_;                                                                      \
-    bool threw_ = false;                                                                     \
-    try {                                                                                    \
-      statement;                                                                             \
-    } catch (const std::exception& e) {                                                      \
-      threw_ = true;                                                                         \
-      error_ = e.what();                                                                     \
-    }                                                                                        \
-    ::shardtorch_test::record(threw_ && error_.find(text) != std::string::npos, __FILE__,    \
-                              __LINE__,                                                      \
-                              std::string(#statement " should throw '") + (text) +          \
-                                  "', " + (threw_ ? "threw: " + error_ : "did not throw")); \
+#define EXPECT_THROWS(statement, text)                                                     \
+  do {                                                                                     \
+    std::string error_;                                                                    \
+    bool threw_ = false;                                                                   \
+    try {                                                                                  \
+      statement;                                                                           \
+    } catch (const std::exception& e) {                                                    \
+      threw_ = true;                                                                       \
+      error_ = e.what();                                                                   \
+    }                                                                                      \
+    ::shardtorch_test::record(threw_ && error_.find(text) != std::string::npos, __FILE__,  \
+                              __LINE__,                                                    \
+                              std::string(#statement " should throw '") + (text) + "', " + \
+                                  (threw_ ? "threw: " + error_ : "did not throw"));        \
   } while (0)

@@ -54,7 +54,8 @@ static void test_communicator(const std::string& group) {
   auto gathered = torch::empty({size * 2});
   comm->all_gather(input, gathered);
   std::vector<at::Tensor> expected_blocks;
-  for (int64_t r = 0; r < size; ++r) expected_blocks.push_back(torch::arange(2, torch::kFloat) + 10 * r);
+  for (int64_t r = 0; r < size; ++r)
+    expected_blocks.push_back(torch::arange(2, torch::kFloat) + 10 * r);
   EXPECT(torch::equal(gathered, torch::cat(expected_blocks)));
 
   // Block r of every rank's input, summed, lands on rank r.
@@ -62,7 +63,7 @@ static void test_communicator(const std::string& group) {
   auto mine = torch::empty({2});
   comm->reduce_scatter(blocks, mine);
   EXPECT(torch::equal(mine, (torch::arange(size * 2, torch::kFloat) * (size * (size + 1) / 2.0))
-                               .slice(0, 2 * rank, 2 * rank + 2)));
+                                .slice(0, 2 * rank, 2 * rank + 2)));
 
   auto root_value = full_of({4}, rank == size - 1 ? 42.0 : -1.0);
   comm->broadcast(root_value, size - 1);
@@ -182,8 +183,8 @@ static void test_parallel_cross_entropy() {
       const auto expected = reference(whole, targets);
       const auto loss = loss_fn(shard, targets);
       EXPECT_MSG(torch::allclose(loss, expected, 1e-10, 1e-12),
-                 "weighted=" << weighted << " smoothing=" << smoothing << ": " << loss.item<double>()
-                             << " vs " << expected.item<double>());
+                 "weighted=" << weighted << " smoothing=" << smoothing << ": "
+                             << loss.item<double>() << " vs " << expected.item<double>());
       expected.backward();
       loss.backward();
       EXPECT(torch::allclose(shard.grad(), whole.grad().slice(1, o, o + n), 1e-10, 1e-12));
@@ -191,8 +192,9 @@ static void test_parallel_cross_entropy() {
   }
   // reduction none and sum, through the functional form.
   namespace F = snn::functional;
-  const auto none = F::parallel_cross_entropy(logits.slice(1, o, o + n), targets,
-                                              F::ParallelCrossEntropyFuncOptions().reduction(torch::kNone));
+  const auto none =
+      F::parallel_cross_entropy(logits.slice(1, o, o + n), targets,
+                                F::ParallelCrossEntropyFuncOptions().reduction(torch::kNone));
   const auto none_ref = torch::nn::functional::cross_entropy(
       logits, targets, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
   EXPECT(torch::allclose(none, none_ref, 1e-10, 1e-12));
@@ -230,7 +232,8 @@ static void test_parallel_cross_entropy() {
   expected.backward();
   fused.backward();
   EXPECT(torch::allclose(x_fused.grad(), x_ref.grad(), 1e-5, 1e-6));
-  EXPECT(torch::allclose(head->weight.grad(), ref_head->weight.grad().slice(0, o, o + n), 1e-5, 1e-6));
+  EXPECT(
+      torch::allclose(head->weight.grad(), ref_head->weight.grad().slice(0, o, o + n), 1e-5, 1e-6));
   EXPECT(torch::allclose(head->bias.grad(), ref_head->bias.grad().slice(0, o, o + n), 1e-5, 1e-6));
 }
 
@@ -281,7 +284,8 @@ static void test_parallel_embedding() {
 
 int main(int argc, char** argv) {
   const int64_t group_size = argc > 1 ? std::atoll(argv[1]) : 2;
-  dist::init_process_group(dist::InitOptions().group_size(group_size).timeout(std::chrono::seconds(60)));
+  dist::init_process_group(
+      dist::InitOptions().group_size(group_size).timeout(std::chrono::seconds(60)));
   test_groups(group_size);
   for (const char* group : {dist::kTensorParallel, dist::kDataParallel, dist::kWorld}) {
     test_communicator(group);
@@ -293,6 +297,7 @@ int main(int argc, char** argv) {
   dist::destroy_process_group();
   EXPECT(!dist::is_initialized());
   EXPECT(shardtorch::comm::group_names().empty());
-  const std::string name = "test_communicators rank " + std::to_string(std::atoi(std::getenv("RANK")));
+  const std::string name =
+      "test_communicators rank " + std::to_string(std::atoi(std::getenv("RANK")));
   return shardtorch_test::finish(name.c_str());
 }

@@ -62,7 +62,8 @@ static void check_init_matches_linear(int64_t in, int64_t out, bool bias, int64_
                                            topo::shard_offset(in, parts, rank) +
                                                topo::shard_size(in, parts, rank)}
                    : shardtorch::nn::Range{0, in};
-      auto weight = torch::empty({out_range.second - out_range.first, in_range.second - in_range.first});
+      auto weight =
+          torch::empty({out_range.second - out_range.first, in_range.second - in_range.first});
       std::optional<at::Tensor> b;
       if (bias) b = torch::empty({dim == 1 ? out_range.second - out_range.first : out});
       torch::manual_seed(7);
@@ -70,13 +71,14 @@ static void check_init_matches_linear(int64_t in, int64_t out, bool bias, int64_
       const auto after_shard = torch::rand({3});
       const auto expected = reference->weight.slice(0, out_range.first, out_range.second)
                                 .slice(1, in_range.first, in_range.second);
-      EXPECT_MSG(torch::equal(weight, expected), "weight in=" << in << " out=" << out << " rank="
-                                                             << rank << " dim=" << dim);
+      EXPECT_MSG(torch::equal(weight, expected),
+                 "weight in=" << in << " out=" << out << " rank=" << rank << " dim=" << dim);
       if (bias) {
-        const auto expected_bias =
-            dim == 1 ? reference->bias.slice(0, out_range.first, out_range.second) : reference->bias;
-        EXPECT_MSG(torch::equal(*b, expected_bias), "bias in=" << in << " out=" << out
-                                                              << " rank=" << rank);
+        const auto expected_bias = dim == 1
+                                       ? reference->bias.slice(0, out_range.first, out_range.second)
+                                       : reference->bias;
+        EXPECT_MSG(torch::equal(*b, expected_bias),
+                   "bias in=" << in << " out=" << out << " rank=" << rank);
       }
       EXPECT_MSG(torch::equal(after_shard, after_reference), "generator state in=" << in);
     }
@@ -108,7 +110,8 @@ static void check_init_matches_embedding(int64_t rows, int64_t cols, std::option
           topo::shard_offset(total, parts, rank) + topo::shard_size(total, parts, rank)};
       const auto row_range = dim == 0 ? split : shardtorch::nn::Range{0, rows};
       const auto col_range = dim == 1 ? split : shardtorch::nn::Range{0, cols};
-      auto weight = torch::empty({row_range.second - row_range.first, col_range.second - col_range.first});
+      auto weight =
+          torch::empty({row_range.second - row_range.first, col_range.second - col_range.first});
       std::optional<int64_t> normalised = padding;
       if (normalised && *normalised < 0) *normalised += rows;
       torch::manual_seed(9);
@@ -117,10 +120,12 @@ static void check_init_matches_embedding(int64_t rows, int64_t cols, std::option
       const auto after_shard = torch::rand({3});
       const auto expected = reference->weight.slice(0, row_range.first, row_range.second)
                                 .slice(1, col_range.first, col_range.second);
-      EXPECT_MSG(torch::equal(weight, expected), "embedding rows=" << rows << " cols=" << cols
-                     << " rank=" << rank << " dim=" << dim << " chunk=" << chunk_elements);
-      EXPECT_MSG(torch::equal(after_shard, after_reference),
-                 "generator state rows=" << rows << " cols=" << cols << " chunk=" << chunk_elements);
+      EXPECT_MSG(torch::equal(weight, expected),
+                 "embedding rows=" << rows << " cols=" << cols << " rank=" << rank << " dim=" << dim
+                                   << " chunk=" << chunk_elements);
+      EXPECT_MSG(
+          torch::equal(after_shard, after_reference),
+          "generator state rows=" << rows << " cols=" << cols << " chunk=" << chunk_elements);
     }
   }
 }
@@ -129,7 +134,7 @@ static void test_init_matches_embedding() {
   check_init_matches_embedding(11, 7, std::nullopt, 2, shardtorch::nn::kInitChunkElements);
   check_init_matches_embedding(3, 5, 1, 2, shardtorch::nn::kInitChunkElements);  // < 16 elements
   check_init_matches_embedding(2, 3, std::nullopt, 4, 1);  // tiny table, more ranks than rows
-  check_init_matches_embedding(50, 7, -1, 3, 40);  // 7 columns: chunks of 32 rows
+  check_init_matches_embedding(50, 7, -1, 3, 40);          // 7 columns: chunks of 32 rows
   check_init_matches_embedding(33, 16, 0, 2, 100);
   check_init_matches_embedding(35, 3, 0, 2, 48);  // a 9-element tail joins the chunk before
   check_init_matches_embedding(97, 6, 5, 4, 64);
@@ -137,7 +142,8 @@ static void test_init_matches_embedding() {
   // The default chunk: 2^20 / 701 -> 1488 rows per chunk.
   check_init_matches_embedding(3001, 701, 17, 3, shardtorch::nn::kInitChunkElements);
   EXPECT(shardtorch::nn::embedding_chunk_bounds(33, 16, 100) ==
-         (std::vector<shardtorch::nn::Range>{{0, 6}, {6, 12}, {12, 18}, {18, 24}, {24, 30}, {30, 33}}));
+         (std::vector<shardtorch::nn::Range>{
+             {0, 6}, {6, 12}, {12, 18}, {18, 24}, {24, 30}, {30, 33}}));
   EXPECT(shardtorch::nn::embedding_chunk_bounds(35, 3, 48) ==
          (std::vector<shardtorch::nn::Range>{{0, 16}, {16, 35}}));
 }
@@ -153,22 +159,22 @@ static void test_unsharded_layer_is_linear() {
   EXPECT(torch::allclose(layer(x), reference(x)));
   EXPECT(layer->parameters().size() == 2);
   EXPECT_THROWS(shardtorch::nn::ParallelLinear(shardtorch::nn::ParallelLinearOptions(6, 4).dim(2)),
-               "ParallelLinear: dim must be nullopt, 0, 1 or -1, got 2");
+                "ParallelLinear: dim must be nullopt, 0, 1 or -1, got 2");
 }
 
 static void test_errors_outside_a_launcher() {
   unsetenv("RANK");
   EXPECT_THROWS(shardtorch::distributed::init_process_group(),
-               shardtorch::kBuiltWithGloo ? "environment variable RANK is not set"
-                                          : "built without Gloo's C++ headers");
+                shardtorch::kBuiltWithGloo ? "environment variable RANK is not set"
+                                           : "built without Gloo's C++ headers");
   EXPECT(!shardtorch::distributed::is_initialized());
   EXPECT(shardtorch::distributed::get_rank() == 0);
   EXPECT(shardtorch::distributed::get_world_size() == 1);
   EXPECT_THROWS(shardtorch::distributed::init_process_group(
-                   shardtorch::distributed::InitOptions(2).backend("mpi")),
-               "backend must be \"gloo\"");
+                    shardtorch::distributed::InitOptions(2).backend("mpi")),
+                "backend must be \"gloo\"");
   EXPECT_THROWS(shardtorch::nn::ParallelLinear(shardtorch::nn::ParallelLinearOptions(6, 4).dim(1)),
-               "no process group is initialised");
+                "no process group is initialised");
 }
 
 int main() {

@@ -39,10 +39,9 @@ at::Tensor linear_cross_entropy_autocast(
     double label_smoothing, double z_loss, int64_t reduction, int64_t chunk_size,
     const std::string& group, std::optional<int64_t> num_classes) {
   c10::impl::ExcludeDispatchKeyGuard no_autocast(AutocastKey);
-  return parallel_linear_cross_entropy(to_float32(input), to_float32(weight), to_float32(bias),
-                                       target, to_float32(class_weight), ignore_index,
-                                       label_smoothing, z_loss, reduction, chunk_size, group,
-                                       num_classes);
+  return parallel_linear_cross_entropy(
+      to_float32(input), to_float32(weight), to_float32(bias), target, to_float32(class_weight),
+      ignore_index, label_smoothing, z_loss, reduction, chunk_size, group, num_classes);
 }
 
 }  // namespace
@@ -54,7 +53,8 @@ TORCH_LIBRARY_IMPL(shard, AutocastCPU, m) {
 }
 
 TORCH_LIBRARY_IMPL(shard, AutocastCUDA, m) {
-  m.impl("parallel_cross_entropy", TORCH_FN(cross_entropy_autocast<c10::DispatchKey::AutocastCUDA>));
+  m.impl("parallel_cross_entropy",
+         TORCH_FN(cross_entropy_autocast<c10::DispatchKey::AutocastCUDA>));
   m.impl("parallel_linear_cross_entropy",
          TORCH_FN(linear_cross_entropy_autocast<c10::DispatchKey::AutocastCUDA>));
 }

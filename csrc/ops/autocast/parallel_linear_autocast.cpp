@@ -37,8 +37,9 @@ TORCH_LIBRARY_IMPL(shard, AutocastCPU, m) {
 }
 
 TORCH_LIBRARY_IMPL(shard, AutocastCUDA, m) {
-  m.impl("parallel_linear",
-         TORCH_FN((parallel_linear_autocast<c10::DeviceType::CUDA, c10::DispatchKey::AutocastCUDA>)));
+  m.impl(
+      "parallel_linear",
+      TORCH_FN((parallel_linear_autocast<c10::DeviceType::CUDA, c10::DispatchKey::AutocastCUDA>)));
 }
 
 }  // namespace ops

@@ -23,7 +23,9 @@ namespace {
 // 2^20 took 3 MiB more and was no faster at 100k classes).
 constexpr int64_t kBlockElements = int64_t(1) << 18;
 
-int64_t rows_per_block(int64_t cols) { return std::max<int64_t>(1, kBlockElements / std::max<int64_t>(cols, 1)); }
+int64_t rows_per_block(int64_t cols) {
+  return std::max<int64_t>(1, kBlockElements / std::max<int64_t>(cols, 1));
+}
 
 // `block` in the stats dtype: itself when it already is, else a converted copy.
 at::Tensor in_stats_dtype(const at::Tensor& block, at::ScalarType acc) {
@@ -51,7 +53,8 @@ void accumulate_rows(const at::Tensor& logits, int64_t col_begin, const at::Tens
   const int64_t rows = logits.size(0), cols = logits.size(1);
   if (rows == 0 || cols == 0) return;
   const at::ScalarType acc = stats.scalar_type();
-  const at::Tensor w_cols = weight_local.defined() ? weight_local.narrow(0, col_begin, cols) : at::Tensor();
+  const at::Tensor w_cols =
+      weight_local.defined() ? weight_local.narrow(0, col_begin, cols) : at::Tensor();
   const int64_t step = rows_per_block(cols);
   for (int64_t row0 = 0; row0 < rows; row0 += step) {
     const int64_t n = std::min(step, rows - row0);
@@ -69,9 +72,10 @@ void accumulate_rows(const at::Tensor& logits, int64_t col_begin, const at::Tens
     run_sum.mul_(at::sub(run_max, shift).exp_()).add_(block_sum);
     run_max.copy_(new_max);
     s.select(1, kRowWeightedSum).add_(w_cols.defined() ? at::mv(xa, w_cols) : xa.sum(1));
-    fold_targets<scalar_t, acc_t>(x, row0, col_begin, target_local.const_data_ptr<int64_t>(),
-                                  weight_local.defined() ? weight_local.const_data_ptr<acc_t>() : nullptr,
-                                  stats.data_ptr<acc_t>());
+    fold_targets<scalar_t, acc_t>(
+        x, row0, col_begin, target_local.const_data_ptr<int64_t>(),
+        weight_local.defined() ? weight_local.const_data_ptr<acc_t>() : nullptr,
+        stats.data_ptr<acc_t>());
   }
 }
 
@@ -81,7 +85,8 @@ void softmax_grad_rows(const at::Tensor& values, int64_t col_begin, const at::Te
   const int64_t rows = values.size(0), cols = values.size(1);
   if (rows == 0 || cols == 0) return;
   const at::ScalarType acc = coefs.scalar_type();
-  const at::Tensor w_cols = weight_local.defined() ? weight_local.narrow(0, col_begin, cols) : at::Tensor();
+  const at::Tensor w_cols =
+      weight_local.defined() ? weight_local.narrow(0, col_begin, cols) : at::Tensor();
   const int64_t* target_data = target_local.const_data_ptr<int64_t>();
   const acc_t* c_data = coefs.const_data_ptr<acc_t>();
   const int64_t step = rows_per_block(cols);
@@ -90,7 +95,9 @@ void softmax_grad_rows(const at::Tensor& values, int64_t col_begin, const at::Te
     at::Tensor v = values.narrow(0, row0, n);
     at::Tensor g = in_stats_dtype(v, acc);
     const at::Tensor c = coefs.narrow(0, row0, n);
-    g.sub_(c.select(1, kCoefLse).unsqueeze(1)).exp_().mul_(c.select(1, kCoefGradScale).unsqueeze(1));
+    g.sub_(c.select(1, kCoefLse).unsqueeze(1))
+        .exp_()
+        .mul_(c.select(1, kCoefGradScale).unsqueeze(1));
     const at::Tensor smooth = c.select(1, kCoefSmoothScale).unsqueeze(1);
     if (w_cols.defined()) {
       g.addcmul_(smooth, w_cols.unsqueeze(0), -1);
@@ -117,22 +124,22 @@ class CpuCrossEntropyKernels final : public CrossEntropyKernels {
   void accumulate_row_stats(const at::Tensor& logits, int64_t col_begin,
                             const at::Tensor& target_local, const at::Tensor& weight_local,
                             const at::Tensor& stats, const at::Tensor& copy_to) const override {
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, logits.scalar_type(),
-                                    "parallel_cross_entropy_forward_cpu", [&] {
-      using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
-      accumulate_rows<scalar_t, acc_t>(logits, col_begin, target_local, weight_local, stats,
-                                       copy_to);
-    });
+    AT_DISPATCH_FLOATING_TYPES_AND2(
+        at::kHalf, at::kBFloat16, logits.scalar_type(), "parallel_cross_entropy_forward_cpu", [&] {
+          using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+          accumulate_rows<scalar_t, acc_t>(logits, col_begin, target_local, weight_local, stats,
+                                           copy_to);
+        });
   }
 
   void softmax_grad_inplace(const at::Tensor& values, int64_t col_begin,
                             const at::Tensor& target_local, const at::Tensor& weight_local,
                             const at::Tensor& coefs) const override {
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, values.scalar_type(),
-                                    "parallel_cross_entropy_backward_cpu", [&] {
-      using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
-      softmax_grad_rows<scalar_t, acc_t>(values, col_begin, target_local, weight_local, coefs);
-    });
+    AT_DISPATCH_FLOATING_TYPES_AND2(
+        at::kHalf, at::kBFloat16, values.scalar_type(), "parallel_cross_entropy_backward_cpu", [&] {
+          using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+          softmax_grad_rows<scalar_t, acc_t>(values, col_begin, target_local, weight_local, coefs);
+        });
   }
 };
 

@@ -78,18 +78,23 @@ bool try_matmul(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_
   DescPtr desc(raw_desc);
   cublasOperation_t op_a = transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasOperation_t op_b = transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  SHARDTORCH_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSA,
-                                                         &op_a, sizeof(op_a)), "TRANSA");
-  SHARDTORCH_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSB,
-                                                         &op_b, sizeof(op_b)), "TRANSB");
+  SHARDTORCH_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)),
+      "TRANSA");
+  SHARDTORCH_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)),
+      "TRANSB");
   if (bias.defined()) {
     cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
     const void* bias_ptr = bias.data_ptr();
-    SHARDTORCH_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE,
-                                                           &epilogue, sizeof(epilogue)), "EPILOGUE");
-    SHARDTORCH_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
-                                desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr,
-                                sizeof(bias_ptr)), "BIAS_POINTER");
+    SHARDTORCH_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                       sizeof(epilogue)),
+        "EPILOGUE");
+    SHARDTORCH_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr,
+                                       sizeof(bias_ptr)),
+        "BIAS_POINTER");
   }
   auto a_layout = layout(info.data, transpose_a ? k : m, transpose_a ? m : k, lda);
   auto b_layout = layout(info.data, transpose_b ? n : k, transpose_b ? k : n, ldb);
@@ -99,20 +104,20 @@ bool try_matmul(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_
   SHARDTORCH_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&raw_pref), "preference");
   PrefPtr pref(raw_pref);
   size_t workspace_bytes = kWorkspaceBytes;
-  SHARDTORCH_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-                              pref.get(), CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                              &workspace_bytes, sizeof(workspace_bytes)), "workspace");
+  SHARDTORCH_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref.get(), CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                           &workspace_bytes, sizeof(workspace_bytes)),
+      "workspace");
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
   cublasLtHandle_t handle = lt_handle();
-  cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, desc.get(), a_layout.get(),
-                                                         b_layout.get(), c_layout.get(),
-                                                         c_layout.get(), pref.get(), 1, &heuristic,
-                                                         &found);
+  cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+      handle, desc.get(), a_layout.get(), b_layout.get(), c_layout.get(), c_layout.get(),
+      pref.get(), 1, &heuristic, &found);
   if (status != CUBLAS_STATUS_SUCCESS || found == 0) return false;
 
-  at::Tensor workspace = at::empty({static_cast<int64_t>(kWorkspaceBytes)},
-                                   c.options().dtype(at::kByte));
+  at::Tensor workspace =
+      at::empty({static_cast<int64_t>(kWorkspaceBytes)}, c.options().dtype(at::kByte));
   const float alpha_f = 1.0f, beta_f = 0.0f;
   const double alpha_d = 1.0, beta_d = 0.0;
   const bool fp64 = info.scale == CUDA_R_64F;
@@ -133,8 +138,8 @@ void cublaslt_gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int
                    at::Tensor& c, int64_t ldc, const at::Tensor& bias) {
   c10::cuda::CUDAGuard guard(c.device());
   if (try_matmul(transpose_a, transpose_b, m, n, k, a, lda, b, ldb, c, ldc, bias)) return;
-  TORCH_CHECK(bias.defined() &&
-                  try_matmul(transpose_a, transpose_b, m, n, k, a, lda, b, ldb, c, ldc, at::Tensor()),
+  TORCH_CHECK(bias.defined() && try_matmul(transpose_a, transpose_b, m, n, k, a, lda, b, ldb, c,
+                                           ldc, at::Tensor()),
               "shardtorch: cuBLASLt found no algorithm for a ", c.scalar_type(), " GEMM m=", m,
               " n=", n, " k=", k);
   // No fused-bias algorithm for this case: add the bias (one per row of the

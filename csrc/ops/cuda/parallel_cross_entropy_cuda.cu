@@ -54,10 +54,12 @@ __device__ __forceinline__ acc_t warp_sum(acc_t v) {
 }
 
 template <typename scalar_t, typename acc_t>
-__global__ void parallel_cross_entropy_forward_kernel(
-    const scalar_t* __restrict__ logits, int64_t cols, int64_t col_begin,
-    const int64_t* __restrict__ target_local, const acc_t* __restrict__ weight_local,
-    acc_t* __restrict__ stats, scalar_t* __restrict__ copy_to) {
+__global__ void parallel_cross_entropy_forward_kernel(const scalar_t* __restrict__ logits,
+                                                      int64_t cols, int64_t col_begin,
+                                                      const int64_t* __restrict__ target_local,
+                                                      const acc_t* __restrict__ weight_local,
+                                                      acc_t* __restrict__ stats,
+                                                      scalar_t* __restrict__ copy_to) {
   const int64_t row = blockIdx.x;
   const scalar_t* x = logits + row * cols;
   constexpr acc_t kNegInf = -std::numeric_limits<acc_t>::infinity();
@@ -97,10 +99,11 @@ __global__ void parallel_cross_entropy_forward_kernel(
 }
 
 template <typename scalar_t, typename acc_t>
-__global__ void parallel_cross_entropy_backward_kernel(
-    scalar_t* __restrict__ values, int64_t cols, int64_t col_begin,
-    const int64_t* __restrict__ target_local, const acc_t* __restrict__ weight_local,
-    const acc_t* __restrict__ coefs) {
+__global__ void parallel_cross_entropy_backward_kernel(scalar_t* __restrict__ values, int64_t cols,
+                                                       int64_t col_begin,
+                                                       const int64_t* __restrict__ target_local,
+                                                       const acc_t* __restrict__ weight_local,
+                                                       const acc_t* __restrict__ coefs) {
   const int64_t row = blockIdx.x;
   scalar_t* v = values + row * cols;
   const acc_t* c = coefs + row * kNumGradCoefs;
@@ -130,16 +133,16 @@ class CudaCrossEntropyKernels final : public CrossEntropyKernels {
     const int64_t rows = logits.size(0), cols = logits.size(1);
     if (rows == 0) return;
     auto stream = at::cuda::getCurrentCUDAStream();
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, logits.scalar_type(),
-                                    "parallel_cross_entropy_forward_cuda", [&] {
-      using acc_t = acc_type_of<scalar_t>;
-      parallel_cross_entropy_forward_kernel<scalar_t, acc_t><<<rows, kThreads, 0, stream>>>(
-          logits.const_data_ptr<scalar_t>(), cols, col_begin,
-          target_local.const_data_ptr<int64_t>(),
-          weight_local.defined() ? weight_local.const_data_ptr<acc_t>() : nullptr,
-          stats.data_ptr<acc_t>(), copy_to.defined() ? copy_to.data_ptr<scalar_t>() : nullptr);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    });
+    AT_DISPATCH_FLOATING_TYPES_AND2(
+        at::kHalf, at::kBFloat16, logits.scalar_type(), "parallel_cross_entropy_forward_cuda", [&] {
+          using acc_t = acc_type_of<scalar_t>;
+          parallel_cross_entropy_forward_kernel<scalar_t, acc_t><<<rows, kThreads, 0, stream>>>(
+              logits.const_data_ptr<scalar_t>(), cols, col_begin,
+              target_local.const_data_ptr<int64_t>(),
+              weight_local.defined() ? weight_local.const_data_ptr<acc_t>() : nullptr,
+              stats.data_ptr<acc_t>(), copy_to.defined() ? copy_to.data_ptr<scalar_t>() : nullptr);
+          C10_CUDA_KERNEL_LAUNCH_CHECK();
+        });
   }
 
   void softmax_grad_inplace(const at::Tensor& values, int64_t col_begin,
@@ -148,15 +151,16 @@ class CudaCrossEntropyKernels final : public CrossEntropyKernels {
     const int64_t rows = values.size(0), cols = values.size(1);
     if (rows == 0) return;
     auto stream = at::cuda::getCurrentCUDAStream();
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, values.scalar_type(),
-                                    "parallel_cross_entropy_backward_cuda", [&] {
-      using acc_t = acc_type_of<scalar_t>;
-      parallel_cross_entropy_backward_kernel<scalar_t, acc_t><<<rows, kThreads, 0, stream>>>(
-          values.data_ptr<scalar_t>(), cols, col_begin, target_local.const_data_ptr<int64_t>(),
-          weight_local.defined() ? weight_local.const_data_ptr<acc_t>() : nullptr,
-          coefs.const_data_ptr<acc_t>());
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    });
+    AT_DISPATCH_FLOATING_TYPES_AND2(
+        at::kHalf, at::kBFloat16, values.scalar_type(), "parallel_cross_entropy_backward_cuda",
+        [&] {
+          using acc_t = acc_type_of<scalar_t>;
+          parallel_cross_entropy_backward_kernel<scalar_t, acc_t><<<rows, kThreads, 0, stream>>>(
+              values.data_ptr<scalar_t>(), cols, col_begin, target_local.const_data_ptr<int64_t>(),
+              weight_local.defined() ? weight_local.const_data_ptr<acc_t>() : nullptr,
+              coefs.const_data_ptr<acc_t>());
+          C10_CUDA_KERNEL_LAUNCH_CHECK();
+        });
   }
 };
 

@@ -25,9 +25,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_meta(
     const at::Tensor& logits, const at::Tensor& target, const std::optional<at::Tensor>& weight,
     int64_t ignore_index, double label_smoothing, double z_loss, int64_t reduction,
     const std::string& group, std::optional<int64_t> num_classes) {
-  check_parallel_cross_entropy_args(
-      logits, target, weight, options_of(ignore_index, label_smoothing, z_loss, reduction),
-      "shard::parallel_cross_entropy");
+  check_parallel_cross_entropy_args(logits, target, weight,
+                                    options_of(ignore_index, label_smoothing, z_loss, reduction),
+                                    "shard::parallel_cross_entropy");
   at::Tensor loss = at::empty_symint(cross_entropy_loss_shape(target, reduction), logits.options());
   at::Tensor buffer =
       at::empty_symint({leading_rows(logits), logits.sym_size(-1)}, logits.options());
