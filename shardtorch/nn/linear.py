@@ -21,7 +21,7 @@ class ParallelLinear(nn.Module):
         dim: a dimension of the [in, out] view of the weight, as in TorchShard.
             None: a plain linear layer. 1 or -1: column-parallel, out_features
             are split and the output is sharded on its last dim (marked with
-            ``parallel_dim = -1``). 0: row-parallel, in_features are split; the
+            ``parallel_dim = -1`` and its full size, out_features). 0: row-parallel, in_features are split; the
             input may be sharded (from a column-parallel layer) or whole (the
             layer takes its slice); the output is whole; the bias is whole and
             added once.
@@ -104,7 +104,8 @@ class ParallelLinear(nn.Module):
         output = torch.ops.shard.parallel_linear(input, self.weight, self.bias, self.dim, self.group)
         if not torch.jit.is_scripting():
             if self.dim == 1 or self.dim == -1:
-                register_parallel_dim(output, -1)
+                # The full size lets the parallel loss skip exchanging shard sizes.
+                register_parallel_dim(output, -1, self.out_features)
         return output
 
     @torch.jit.unused
