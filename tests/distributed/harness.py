@@ -5,13 +5,17 @@ run on every rank after ``shardtorch.distributed.init_process_group``. The
 launcher starts the ranks as separate Python processes with torchrun's
 environment variables (tests/launcher.py), runs every requested case in each,
 and returns, per case, the error of any rank (None when every rank passed).
-pytest tests then assert case by case, so one launch serves many tests.
+pytest tests then assert case by case, so one launch serves many tests;
+``case_tests`` writes such a test.
 """
+import importlib
 import json
 import os
 import sys
 import tempfile
-from typing import Dict, Iterable, Optional
+from typing import Dict, Iterable, Optional, Sequence, Union
+
+import pytest
 
 from tests.launcher import REPO, free_port, run_ranks  # noqa: F401  (free_port: for the tests' torchrun)
 
@@ -71,3 +75,33 @@ class LaunchCache:
             self._results[key] = launch(module, world_size, group_size, **kwargs)
         return self._results[key]
 
+
+def case_tests(module: str, world_size: Union[int, Sequence[int]] = (2, 4),
+               group_size: Union[None, int, Sequence[int]] = None, cases: Optional[Iterable[str]] = None,
+               env: Optional[dict] = None, init: bool = True):
+    """A pytest test that runs every case of ``module`` (or ``cases``), one
+    test per case, from one launch per size (the session's ``launches``).
+
+    ``world_size`` and ``group_size`` are ints, or one of them a sequence of
+    sizes to run at: the test ids are then ``[case-size]``, else ``[case]``.
+    ``group_size`` None: one tensor-parallel group of the whole world."""
+    names = sorted(cases) if cases is not None else case_names(importlib.import_module(module))
+    varied = [name for name, value in (("world", world_size), ("group", group_size))
+              if isinstance(value, (list, tuple))]
+    assert len(varied) <= 1, "case_tests: vary the world size or the group size, not both"
+
+    def run(launches, case, size=None):
+        world = size if varied == ["world"] else world_size
+        group = size if varied == ["group"] else group_size
+        results = launches.get(module, world, group, env=env, init=init)
+        assert results[case] is None, results[case]
+
+    if varied:
+        def test(launches, case, size):
+            run(launches, case, size)
+        sizes = world_size if varied == ["world"] else group_size
+        return pytest.mark.parametrize("size", list(sizes))(pytest.mark.parametrize("case", names)(test))
+
+    def test(launches, case):
+        run(launches, case)
+    return pytest.mark.parametrize("case", names)(test)
