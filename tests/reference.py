@@ -1,4 +1,6 @@
-"""Helpers for comparing shardtorch against unsharded torch."""
+"""Helpers for comparing shardtorch against unsharded torch, and for expecting errors."""
+import re
+
 import torch
 
 import shardtorch as ts
@@ -51,3 +53,20 @@ def cross_entropy_reference(logits, target, weight=None, ignore_index=-100, redu
     else:
         denominator = torch.where(valid, weight[target.clamp(0, weight.numel() - 1)], 0).sum()
     return loss + z.sum() / denominator
+
+
+def expect_error(fn, *fragments, exception=Exception, match=None) -> str:
+    """Calls ``fn`` and returns the message of the ``exception`` it must
+    raise, which must contain every fragment and, when given, a match of the
+    regular expression ``match``. No error, or another type of error, fails."""
+    try:
+        fn()
+    except exception as e:
+        message = str(e)
+        for fragment in fragments:
+            assert fragment in message, f"{fragment!r} not in {type(e).__name__}: {message}"
+        assert match is None or re.search(match, message), f"{match!r} does not match {type(e).__name__}: {message}"
+        return message
+    except Exception as e:  # noqa: BLE001 - only reached when `exception` is narrower
+        raise AssertionError(f"expected {exception}, got {type(e).__name__}: {e}") from e
+    raise AssertionError(f"no error; expected {exception} mentioning {fragments or match!r}")

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import shardtorch as ts
-from tests.reference import assert_close, cross_entropy_reference, shard_of
+from tests.reference import assert_close, cross_entropy_reference, expect_error, shard_of
 
 F_TS = ts.nn.functional
 
@@ -147,27 +147,16 @@ def case_fused_equals_linear_then_loss():
                      "fused grad weight vs torch " + what)
 
 
-def _expect_error(fn, pattern):
-    import re
-
-    try:
-        fn()
-    except RuntimeError as e:
-        assert re.search(pattern, str(e)), f"unexpected message: {e}"
-        return
-    raise AssertionError(f"no error; expected {pattern!r}")
-
-
 def case_out_of_range_target_raises_on_every_rank():
     classes = _class_counts()["uneven"]
     shard = shard_of(torch.randn(4, classes, dtype=torch.float64), -1).clone()
     target = torch.tensor([0, classes, 1, -100])
     for num_classes in (None, classes):
-        _expect_error(lambda: F_TS.parallel_cross_entropy(shard, target, parallel=True,
-                                                          num_classes=num_classes),
-                      rf"target values must be in \[0, num_classes={classes}\).*got {classes}")
-    _expect_error(lambda: F_TS.parallel_cross_entropy(shard, torch.tensor([0, -5, 1, 2]), parallel=True),
-                  "got -5")
+        expect_error(lambda: F_TS.parallel_cross_entropy(shard, target, parallel=True, num_classes=num_classes),
+                     exception=RuntimeError,
+                     match=rf"target values must be in \[0, num_classes={classes}\).*got {classes}")
+    expect_error(lambda: F_TS.parallel_cross_entropy(shard, torch.tensor([0, -5, 1, 2]), parallel=True),
+                 "got -5", exception=RuntimeError)
     # The group is still usable: nobody was left inside a collective.
     F_TS.parallel_cross_entropy(shard, torch.tensor([0, 1, 2, 3]), parallel=True)
 
@@ -178,11 +167,11 @@ def case_marked_tensor_mismatch_raises_on_every_rank():
     shard = ts.utils.register_parallel_dim(shard_of(torch.randn(4, classes), -1).clone(), -1)
     target = torch.tensor([0, 1, 2, 3])
     # A weight of 3 classes fits every rank but rank 0: all ranks must raise.
-    _expect_error(lambda: ts.nn.ParallelCrossEntropyLoss(weight=torch.ones(3))(shard, target),
-                  "weight must hold this rank's 4 classes|group rank 0 failed a check")
+    expect_error(lambda: ts.nn.ParallelCrossEntropyLoss(weight=torch.ones(3))(shard, target),
+                 exception=RuntimeError, match="weight must hold this rank's 4 classes|group rank 0 failed a check")
     # Logits that are not this rank's shard of the classes the caller names.
-    _expect_error(lambda: ts.nn.ParallelCrossEntropyLoss(num_classes=classes + 1)(shard, target),
-                  "shard of num_classes|failed a check")
+    expect_error(lambda: ts.nn.ParallelCrossEntropyLoss(num_classes=classes + 1)(shard, target),
+                 exception=RuntimeError, match="shard of num_classes|failed a check")
     F_TS.parallel_cross_entropy(shard, target)  # still usable
 
 
