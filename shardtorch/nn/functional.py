@@ -4,7 +4,6 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from .. import _core  # noqa: F401  (registers the ops)
 from ..distributed.state import TENSOR_PARALLEL
 from ..utils.parallel_dim import get_parallel_full_size, is_sharded_on_last_dim
 
