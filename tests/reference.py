@@ -4,13 +4,20 @@ import re
 import torch
 
 import shardtorch as ts
-from shardtorch import _C
+
+
+def split_range(total: int, parts: int, rank: int):
+    """[start, stop) of ``rank``'s slice of ``total`` over ``parts`` by the
+    split rule, in plain arithmetic (independent of the core's): the first
+    ``total % parts`` ranks hold one more."""
+    base, extra = divmod(total, parts)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
 
 
 def shard_range(total: int, group: str = "tp"):
-    size, rank = ts.distributed.get_group_size(group), ts.distributed.get_group_rank(group)
-    offset = _C.shard_offset(total, size, rank)
-    return offset, offset + _C.shard_size(total, size, rank)
+    """This rank's [start, stop) of ``total`` over ``group``."""
+    return split_range(total, ts.distributed.get_group_size(group), ts.distributed.get_group_rank(group))
 
 
 def shard_of(full: torch.Tensor, dim: int, group: str = "tp") -> torch.Tensor:

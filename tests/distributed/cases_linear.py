@@ -10,7 +10,7 @@ from torch import nn
 
 import shardtorch as ts
 from shardtorch.nn import init as ts_init
-from tests.reference import assert_close, expect_error, shard_of, shard_range
+from tests.reference import assert_close, expect_error, shard_of, split_range
 
 GROUP_SIZE = lambda: ts.distributed.get_group_size()  # noqa: E731
 
@@ -45,6 +45,7 @@ def _check_layer(in_f, out_f, bias, dim, dtype, batch_shape, whole_input=True):
     y = layer(layer_input)
     if dim in (1, -1):
         assert ts.utils.get_parallel_dim(y) == -1, "column output not marked"
+        assert ts.utils.get_parallel_full_size(y) == out_f, "column output does not carry out_features"
         y_whole = ts.distributed.gather_replicated(y, -1, full_size=out_f)
     else:
         y_whole = y
@@ -200,14 +201,8 @@ def case_mappings_forward_and_adjoint():
         s = ts.distributed.scatter(whole, 1)
         assert torch.equal(s, shard_of(full, 1))
         (s * (rank + 1)).sum().backward()
-        expected = torch.cat([torch.full_like(shard_of(full, 1), 0.0)], 1)
-        lo, hi = shard_range(total)
-        del expected
-        weights = torch.cat([torch.full((3, hi2 - lo2, 2), float(r + 1), dtype=torch.float64)
-                             for r, (lo2, hi2) in enumerate(
-                                 (ts._C.shard_offset(total, size, r),
-                                  ts._C.shard_offset(total, size, r) + ts._C.shard_size(total, size, r))
-                                 for r in range(size))], 1)
+        weights = torch.cat([torch.full((3, hi - lo, 2), float(r + 1), dtype=torch.float64)
+                             for r, (lo, hi) in enumerate(split_range(total, size, r) for r in range(size))], 1)
         assert torch.equal(whole.grad, weights)
         # reduce_scatter: sum then keep the slice; backward all-gathers.
         contrib = (full * (rank + 1)).requires_grad_()
