@@ -175,6 +175,29 @@ def case_marked_tensor_mismatch_raises_on_every_rank():
     F_TS.parallel_cross_entropy(shard, target)  # still usable
 
 
+def case_loss_takes_the_number_of_classes_from_the_mark_unless_given():
+    size = _size()
+    classes = 3 * size + 1  # uneven: rank 0 holds 4, the others 3
+    g = torch.Generator().manual_seed(5)
+    full = torch.randn(4, classes, generator=g, dtype=torch.float64)
+    target = torch.tensor([0, classes - 1, 2, 1])
+    expected = cross_entropy_reference(full, target)
+    shard = shard_of(full, -1).clone()
+    marked = ts.utils.register_parallel_dim(shard.clone(), -1, classes)
+    assert_close(ts.nn.ParallelCrossEntropyLoss()(marked, target), expected, torch.float64, "marked with its size")
+    # The carried size reaches the op: a wrong one is refused on every rank...
+    wrong = ts.utils.register_parallel_dim(shard.clone(), -1, classes + 1)
+    for parallel in (None, True):
+        expect_error(lambda: F_TS.parallel_cross_entropy(wrong, target, parallel=parallel), exception=RuntimeError,
+                     match="shard of num_classes|failed a check")
+    # ...and an explicit num_classes wins over it.
+    assert_close(F_TS.parallel_cross_entropy(wrong, target, num_classes=classes), expected, torch.float64,
+                 "explicit num_classes")
+    # A ParallelLinear(dim=1) output carries out_features.
+    head = ts.nn.ParallelLinear(3, classes, dim=1, dtype=torch.float64)
+    assert ts.utils.get_parallel_full_size(head(torch.randn(2, 3, dtype=torch.float64))) == classes
+
+
 def case_trains_like_unsharded():
     size = _size()
     classes, features = 4 * size + 3, 5
