@@ -185,11 +185,12 @@ def case_loss_takes_the_number_of_classes_from_the_mark_unless_given():
     shard = shard_of(full, -1).clone()
     marked = ts.utils.register_parallel_dim(shard.clone(), -1, classes)
     assert_close(ts.nn.ParallelCrossEntropyLoss()(marked, target), expected, torch.float64, "marked with its size")
-    # The carried size reaches the op: a wrong one is refused on every rank...
-    wrong = ts.utils.register_parallel_dim(shard.clone(), -1, classes + 1)
+    # The carried size reaches the op: a wrong one (every rank's shard of it is
+    # one longer than what the rank holds) is refused...
+    wrong = ts.utils.register_parallel_dim(shard.clone(), -1, classes + size)
     for parallel in (None, True):
-        expect_error(lambda: F_TS.parallel_cross_entropy(wrong, target, parallel=parallel), exception=RuntimeError,
-                     match="shard of num_classes|failed a check")
+        expect_error(lambda: F_TS.parallel_cross_entropy(wrong, target, parallel=parallel),
+                     f"shard of num_classes={classes + size}", exception=RuntimeError)
     # ...and an explicit num_classes wins over it.
     assert_close(F_TS.parallel_cross_entropy(wrong, target, num_classes=classes), expected, torch.float64,
                  "explicit num_classes")
