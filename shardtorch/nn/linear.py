@@ -23,10 +23,10 @@ class ParallelLinear(nn.Module):
         dim: a dimension of the [in, out] view of the weight, as in TorchShard.
             None: a plain linear layer. 1 or -1: column-parallel, out_features
             are split and the output is sharded on its last dim (marked with
-            ``parallel_dim = -1`` and its full size, out_features). 0: row-parallel, in_features are split; the
-            input may be sharded (from a column-parallel layer) or whole (the
-            layer takes its slice); the output is whole; the bias is whole and
-            added once.
+            ``parallel_dim = -1`` and its full size, out_features). 0:
+            row-parallel, in_features are split; the input may be sharded
+            (from a column-parallel layer) or whole (the layer takes its
+            slice); the output is whole; the bias is whole and added once.
         group: name of the shardtorch group to split over (default "tp").
 
     Shards need not be even: the first ``n % size`` ranks hold one more. A new
