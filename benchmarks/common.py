@@ -6,11 +6,10 @@ was alive before them (parameters, inputs), per rank: on CPU counted exactly by
 shardtorch's allocator tracking (shardtorch.utils.memory), on CUDA by the CUDA
 caching allocator's statistics.
 """
+import importlib.util
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -18,40 +17,44 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _load_launcher():
+    """tests/launcher.py, the ranks launcher the tests use, loaded by path: putting
+    the checkout on sys.path would put its unbuilt shardtorch there too."""
+    spec = importlib.util.spec_from_file_location("_shardtorch_launcher", os.path.join(REPO, "tests", "launcher.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def _repo_path() -> str:
+_launcher = _load_launcher()
+
+
+def _repo_path():
     """What the ranks' PYTHONPATH starts with: this checkout when its shardtorch
     holds the compiled core, else nothing (a git worktree has the sources but
     not _C*.so: putting it first would hide the installed, built shardtorch)."""
     built = any(name.startswith("_C") and name.endswith((".so", ".pyd"))
                 for name in os.listdir(os.path.join(REPO, "shardtorch")))
-    return REPO + os.pathsep if built else ""
+    return REPO if built else None
 
 
 def launch(script: str, world_size: int, args: list, timeout: float = 1800) -> list:
     """Runs ``script`` on ``world_size`` ranks (torchrun's environment) and
     returns each rank's JSON result (the script writes it to $BENCH_OUT)."""
     with tempfile.TemporaryDirectory() as out_dir:
-        port = free_port()
-        procs = []
-        for rank in range(world_size):
-            env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                       OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
-                       BENCH_OUT=os.path.join(out_dir, f"rank{rank}.json"),
-                       PYTHONPATH=_repo_path() + os.environ.get("PYTHONPATH", ""))
-            procs.append(subprocess.Popen([sys.executable, script] + [str(a) for a in args], env=env))
-        for p in procs:
-            if p.wait(timeout=timeout) != 0:
-                raise RuntimeError(f"{script} {args} failed on a rank (exit {p.returncode})")
+        def result_path(rank):
+            return os.path.join(out_dir, f"rank{rank}.json")
+
+        ranks = _launcher.run_ranks(
+            [sys.executable, script, *args], world_size, timeout, capture=False, cwd=None,
+            pythonpath=_repo_path(), env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
+            env_of_rank=lambda rank: {"BENCH_OUT": result_path(rank)})
+        for code, _ in ranks:
+            if code != 0:
+                raise RuntimeError(f"{script} {args} failed on a rank (exit {code})")
         results = []
         for rank in range(world_size):
-            with open(os.path.join(out_dir, f"rank{rank}.json")) as f:
+            with open(result_path(rank)) as f:
                 results.append(json.load(f))
         return results
 

@@ -8,13 +8,13 @@ import os as _os
 
 import torch as _torch
 
-from . import _core
+from . import _C  # loads libshardtorch.so, which registers the torch.ops.shard.* operators
 from . import checkpoint, distributed, nn, random, utils
 from .checkpoint import (collect_state_dict, load_sharded, load_sharded_state_dict, relocate_state_dict,
                          save_sharded)
 
-__version__ = _core._C.version
-cuda_built = _core.cuda_built
+__version__ = _C.version
+cuda_built = _C.cuda_built
 #: Prefix for CMake's find_package(shardtorch) from C++ programs.
 cmake_prefix_path = _os.path.dirname(_os.path.abspath(__file__))
 

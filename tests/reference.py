@@ -1,14 +1,23 @@
-"""Helpers for comparing shardtorch against unsharded torch."""
+"""Helpers for comparing shardtorch against unsharded torch, and for expecting errors."""
+import re
+
 import torch
 
 import shardtorch as ts
-from shardtorch import _C
+
+
+def split_range(total: int, parts: int, rank: int):
+    """[start, stop) of ``rank``'s slice of ``total`` over ``parts`` by the
+    split rule, in plain arithmetic (independent of the core's): the first
+    ``total % parts`` ranks hold one more."""
+    base, extra = divmod(total, parts)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
 
 
 def shard_range(total: int, group: str = "tp"):
-    size, rank = ts.distributed.get_group_size(group), ts.distributed.get_group_rank(group)
-    offset = _C.shard_offset(total, size, rank)
-    return offset, offset + _C.shard_size(total, size, rank)
+    """This rank's [start, stop) of ``total`` over ``group``."""
+    return split_range(total, ts.distributed.get_group_size(group), ts.distributed.get_group_rank(group))
 
 
 def shard_of(full: torch.Tensor, dim: int, group: str = "tp") -> torch.Tensor:
@@ -51,3 +60,20 @@ def cross_entropy_reference(logits, target, weight=None, ignore_index=-100, redu
     else:
         denominator = torch.where(valid, weight[target.clamp(0, weight.numel() - 1)], 0).sum()
     return loss + z.sum() / denominator
+
+
+def expect_error(fn, *fragments, exception=Exception, match=None) -> str:
+    """Calls ``fn`` and returns the message of the ``exception`` it must
+    raise, which must contain every fragment and, when given, a match of the
+    regular expression ``match``. No error, or another type of error, fails."""
+    try:
+        fn()
+    except exception as e:
+        message = str(e)
+        for fragment in fragments:
+            assert fragment in message, f"{fragment!r} not in {type(e).__name__}: {message}"
+        assert match is None or re.search(match, message), f"{match!r} does not match {type(e).__name__}: {message}"
+        return message
+    except Exception as e:  # noqa: BLE001 - only reached when `exception` is narrower
+        raise AssertionError(f"expected {exception}, got {type(e).__name__}: {e}") from e
+    raise AssertionError(f"no error; expected {exception} mentioning {fragments or match!r}")

@@ -163,8 +163,9 @@ class ShardedClassifier(nn.Module):
             features = ts.distributed.gather(features, dim=0)
             labels = ts.distributed.gather(labels, dim=0)
         if self.fused_loss:  # classifier + loss chunk by chunk: the logits never exist whole
+            # num_classes known here: no exchange of shard sizes on top of the loss's one collective
             loss = ts.nn.functional.parallel_linear_cross_entropy(features, self.head.weight, self.head.bias,
-                                                                  labels)
+                                                                  labels, num_classes=self.head.out_features)
             return loss, features.detach(), labels
         logits = self.head(features)
         return self.criterion(logits, labels), logits.detach(), labels

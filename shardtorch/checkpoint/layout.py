@@ -17,6 +17,7 @@ import torch.distributed as dist
 from .. import _C
 from ..distributed import state
 from ..utils.parallel_dim import get_parallel_dim
+from ..utils.shards import shard_range
 
 
 @dataclass(frozen=True)
@@ -38,9 +39,8 @@ class EntryLayout:
 
     def slice_of(self, group_rank: int) -> Tuple[int, int]:
         """(offset, length) along ``dim`` held by ``group_rank``."""
-        total = self.full_shape[self.dim]
-        return (_C.shard_offset(total, self.group_size, group_rank),
-                _C.shard_size(total, self.group_size, group_rank))
+        start, stop = shard_range(self.full_shape[self.dim], self.group_size, group_rank)
+        return start, stop - start
 
 
 def _sharded_entries(model: torch.nn.Module) -> Dict[str, Tuple[int, str]]:

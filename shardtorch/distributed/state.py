@@ -95,10 +95,13 @@ def init_process_group(group_size: int = 1, backend: Optional[str] = None,
         if owns:
             dist.destroy_process_group()
         raise _indivisible(world, group_size)
+    # A re-init inherits the duty to tear torch.distributed down: read it
+    # before destroy_process_group forgets the previous state.
+    owns = owns or (_state is not None and _state.owns_default_group)
     if _state is not None:
         destroy_process_group(keep_torch_distributed=True)
     topology = _C.TensorParallelTopology(world, rank, group_size)
-    state = _State(topology=topology, owns_default_group=owns or (_state and _state.owns_default_group))
+    state = _State(topology=topology, owns_default_group=owns)
 
     # Every rank creates every group, in the same order (torch requires it).
     for ranks in topology.tensor_parallel_groups():

@@ -5,10 +5,12 @@ from typing import Optional
 import torch
 from torch import nn
 
-from .. import _C, _core  # noqa: F401  (registers the ops)
 from ..distributed import state
 from ..utils.parallel_dim import register_parallel_dim
+from ..utils.shards import shard_range
+from .convert import replace_modules
 from .embedding_init import init_embedding_shard_
+from .init import draw_on_cpu_
 
 
 class ParallelEmbedding(nn.Module):
@@ -59,7 +61,7 @@ class ParallelEmbedding(nn.Module):
         size, rank = state.get_group_size(group), state.get_group_rank(group)
         self.group_rank, self.group_size = rank, size
         self._row_range, self._col_range = (0, num_embeddings), (0, embedding_dim)
-        split = _shard_range(num_embeddings if dim == 0 else embedding_dim, size, rank)
+        split = shard_range(num_embeddings if dim == 0 else embedding_dim, size, rank)
         if dim == 0:
             self._row_range = split
         else:
@@ -77,14 +79,9 @@ class ParallelEmbedding(nn.Module):
     @torch.no_grad()
     def reset_parameters(self) -> None:
         """Draws this rank's slice of torch.nn.Embedding's initialisation."""
-        if self.weight.device.type == "meta":
-            return
-        target = self.weight if self.weight.device.type == "cpu" else torch.empty(
-            self.weight.shape, dtype=self.weight.dtype)
-        init_embedding_shard_(target, self.num_embeddings, self.embedding_dim, self._row_range,
-                              self._col_range, self.padding_idx)
-        if target is not self.weight:
-            self.weight.copy_(target)
+        draw_on_cpu_(lambda weight: init_embedding_shard_(weight, self.num_embeddings, self.embedding_dim,
+                                                          self._row_range, self._col_range, self.padding_idx),
+                     self.weight)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if not torch.jit.is_scripting() and not torch.compiler.is_compiling():
@@ -140,15 +137,5 @@ class ParallelEmbedding(nn.Module):
         """Replaces every torch.nn.Embedding in ``module`` (nested ones too, and
         ``module`` itself) by a ParallelEmbedding keeping its trained weights
         and options."""
-        if isinstance(module, nn.Embedding):
-            return cls.from_embedding(module, dim, group)
-        for name, child in module.named_children():
-            if isinstance(child, ParallelEmbedding):
-                continue
-            setattr(module, name, cls.convert_parallel_embedding(child, dim, group))
-        return module
-
-
-def _shard_range(total: int, size: int, rank: int):
-    offset = _C.shard_offset(total, size, rank)
-    return offset, offset + _C.shard_size(total, size, rank)
+        return replace_modules(module, nn.Embedding, lambda embedding: cls.from_embedding(embedding, dim, group),
+                               ParallelEmbedding)

@@ -4,9 +4,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from .. import _core  # noqa: F401  (registers the ops)
 from ..distributed.state import TENSOR_PARALLEL
-from ..utils.parallel_dim import is_sharded_on_last_dim
+from ..utils.parallel_dim import get_parallel_full_size, is_sharded_on_last_dim
 
 
 def parallel_linear(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
@@ -69,17 +68,24 @@ def parallel_cross_entropy(input: torch.Tensor, target: torch.Tensor,
             output (``parallel_dim == -1``), plain F.cross_entropy otherwise
             (TorchShard's rule). True / False force either mode.
         group: the shardtorch group the classes are split over.
-        num_classes: total classes, when known (saves one tiny collective).
+        num_classes: total classes. None (default): the full size that a
+            column-parallel output carries with its mark (ParallelLinear(dim=1)
+            marks out_features); for an unmarked input the ranks exchange their
+            shard sizes first (one more tiny collective).
 
-    Parallel mode: one all-gather of per-row statistics forward, nothing
-    backward, no [rows, all classes] tensor anywhere; ``input`` is not modified.
+    Parallel mode: one all-gather of per-row statistics forward (when the
+    number of classes is known, see ``num_classes``), nothing backward, no
+    [rows, all classes] tensor anywhere; ``input`` is not modified.
     """
     code = _reduction_code(reduction, "parallel_cross_entropy")
+    marked = is_sharded_on_last_dim(input)
     if parallel is None:
-        parallel = is_sharded_on_last_dim(input)
+        parallel = marked
     if not parallel:
         return _plain_cross_entropy(input, target, weight, ignore_index, reduction,
                                     label_smoothing, z_loss)
+    if num_classes is None and marked:
+        num_classes = get_parallel_full_size(input)
     return torch.ops.shard.parallel_cross_entropy(input, target, weight, ignore_index,
                                                   float(label_smoothing), float(z_loss), code,
                                                   group, num_classes)

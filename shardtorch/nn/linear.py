@@ -5,10 +5,12 @@ from typing import Optional
 import torch
 from torch import nn
 
-from .. import _C, _core  # noqa: F401  (registers the ops)
+from .. import _C
 from ..distributed import state
 from ..utils.parallel_dim import is_sharded_on_last_dim, register_parallel_dim
-from .init import init_linear_shard_
+from ..utils.shards import shard_range
+from .convert import replace_modules
+from .init import draw_on_cpu_, init_linear_shard_
 
 _DIMS = (None, 0, 1, -1)
 
@@ -21,10 +23,10 @@ class ParallelLinear(nn.Module):
         dim: a dimension of the [in, out] view of the weight, as in TorchShard.
             None: a plain linear layer. 1 or -1: column-parallel, out_features
             are split and the output is sharded on its last dim (marked with
-            ``parallel_dim = -1``). 0: row-parallel, in_features are split; the
-            input may be sharded (from a column-parallel layer) or whole (the
-            layer takes its slice); the output is whole; the bias is whole and
-            added once.
+            ``parallel_dim = -1`` and its full size, out_features). 0:
+            row-parallel, in_features are split; the input may be sharded
+            (from a column-parallel layer) or whole (the layer takes its
+            slice); the output is whole; the bias is whole and added once.
         group: name of the shardtorch group to split over (default "tp").
 
     Shards need not be even: the first ``n % size`` ranks hold one more. A new
@@ -57,9 +59,9 @@ class ParallelLinear(nn.Module):
         self._whole_input_is_ambiguous = size > 1 and _C.shard_size(in_features, size, 0) == in_features
         out_range, in_range = (0, out_features), (0, in_features)
         if dim in (1, -1):
-            out_range = _shard_range(out_features, size, rank)
+            out_range = shard_range(out_features, size, rank)
         elif dim == 0:
-            in_range = _shard_range(in_features, size, rank)
+            in_range = shard_range(in_features, size, rank)
         factory = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(out_range[1] - out_range[0], in_range[1] - in_range[0],
                                                **factory))
@@ -76,19 +78,9 @@ class ParallelLinear(nn.Module):
     @torch.no_grad()
     def reset_parameters(self) -> None:
         """Draws this rank's slice of torch.nn.Linear's initialisation."""
-        if self.weight.device.type == "meta":
-            return
-        if self.weight.device.type == "cpu":
-            init_linear_shard_(self.weight, self.bias, self.in_features, self.out_features,
-                               self._out_range, self._in_range)
-            return
-        weight = torch.empty(self.weight.shape, dtype=self.weight.dtype)
-        bias = None if self.bias is None else torch.empty(self.bias.shape, dtype=self.bias.dtype)
-        init_linear_shard_(weight, bias, self.in_features, self.out_features,
-                           self._out_range, self._in_range)
-        self.weight.copy_(weight)
-        if bias is not None:
-            self.bias.copy_(bias)
+        draw_on_cpu_(lambda weight, bias: init_linear_shard_(weight, bias, self.in_features, self.out_features,
+                                                             self._out_range, self._in_range),
+                     self.weight, self.bias)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         marked_sharded = False
@@ -104,7 +96,8 @@ class ParallelLinear(nn.Module):
         output = torch.ops.shard.parallel_linear(input, self.weight, self.bias, self.dim, self.group)
         if not torch.jit.is_scripting():
             if self.dim == 1 or self.dim == -1:
-                register_parallel_dim(output, -1)
+                # The full size lets the parallel loss skip exchanging shard sizes.
+                register_parallel_dim(output, -1, self.out_features)
         return output
 
     @torch.jit.unused
@@ -143,15 +136,5 @@ class ParallelLinear(nn.Module):
                                 group: str = state.TENSOR_PARALLEL) -> nn.Module:
         """Replaces every torch.nn.Linear in ``module`` (nested ones too, and
         ``module`` itself) by a ParallelLinear keeping its trained weights."""
-        if isinstance(module, nn.Linear):
-            return cls.from_linear(module, dim, group)
-        for name, child in module.named_children():
-            if isinstance(child, ParallelLinear):
-                continue
-            setattr(module, name, cls.convert_parallel_linear(child, dim, group))
-        return module
-
-
-def _shard_range(total: int, size: int, rank: int):
-    offset = _C.shard_offset(total, size, rank)
-    return offset, offset + _C.shard_size(total, size, rank)
+        return replace_modules(module, nn.Linear, lambda linear: cls.from_linear(linear, dim, group),
+                               ParallelLinear)

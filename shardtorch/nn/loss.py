@@ -16,9 +16,12 @@ class ParallelCrossEntropyLoss(nn.Module):
 
     Parallel when the input is a column-parallel output (marked
     ``parallel_dim == -1``, as ParallelLinear(dim=1) marks it), plain
-    F.cross_entropy otherwise; ``parallel=True/False`` forces either. See
-    shardtorch.nn.functional.parallel_cross_entropy for the arguments
-    (``z_loss`` adds z_loss * logsumexp^2 per row that is not ignored).
+    F.cross_entropy otherwise; ``parallel=True/False`` forces either. The
+    number of classes comes with the mark, so the default ``num_classes=None``
+    costs one collective per forward; only an unmarked input with
+    ``parallel=True`` and no ``num_classes`` pays one more (a shard-size
+    exchange). See shardtorch.nn.functional.parallel_cross_entropy for the
+    arguments (``z_loss`` adds z_loss * logsumexp^2 per row that is not ignored).
     """
 
     def __init__(self, weight: Optional[torch.Tensor] = None, ignore_index: int = -100,

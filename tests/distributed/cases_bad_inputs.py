@@ -2,9 +2,7 @@
 
 Every rank gets the same bad input, so every rank must raise (none may be left
 waiting in a collective). ENTRIES maps a name to (call, exception type, message
-fragments); each becomes ``case_<name>``. KNOWN_GAPS names the entries whose
-behaviour is not yet a clear error (tested as strict xfails in
-test_bad_inputs.py)."""
+fragments); each becomes ``case_<name>``."""
 import os
 import tempfile
 
@@ -12,6 +10,7 @@ import torch
 from torch import nn
 
 import shardtorch as ts
+from tests.reference import expect_error
 
 S = lambda: ts.distributed.get_group_size()  # noqa: E731
 
@@ -183,63 +182,27 @@ ENTRIES = {
                                         T, ["label_smoothing"]),
 }
 
-# Known gaps: inputs that do NOT get a clear error today. Each entry states the
-# error it should get; test_bad_inputs.py runs them as strict xfails, so fixing
-# one makes its test fail until it moves to ENTRIES.
+# Was known gap G4, fixed: collect_state_dict checks the state dict against the model on
+# every rank before any tensor moves.
 def _collect_misshapen():
     model = nn.Sequential(ts.nn.ParallelLinear(6, 4 * S(), dim=1))
-    # Every rank's shard of 0.weight has one row too many: the gathered tensor no
-    # longer has the model's shape, yet collect_state_dict returns it.
+    # Every rank's shard of 0.weight has one row too many: the gathered tensor would
+    # no longer have the model's shape.
     sd = {"0.weight": torch.zeros(4 + 1, 6), "0.bias": torch.zeros(4)}
     return ts.collect_state_dict(model, sd)
 
 
-KNOWN_GAPS = {}
-# Fixed after the catalogue found it (was known gap G4): collect_state_dict checks the
-# state dict against the model on every rank before any tensor moves.
 ENTRIES["collect_misshapen_state_dict"] = (_collect_misshapen, R, ["0.weight", "does not match the model"])
 
 
-def _run(name):
-    call, exc, fragments = {**ENTRIES, **KNOWN_GAPS}[name]
-    try:
-        call()
-    except exc as e:
-        message = str(e)
-        for fragment in fragments:
-            assert fragment in message, f"{fragment!r} not in {type(e).__name__}: {message}"
-        return
-    except Exception as e:  # noqa: BLE001
-        raise AssertionError(f"expected {exc}, got {type(e).__name__}: {e}") from e
-    raise AssertionError(f"no error; expected {exc} mentioning {fragments}")
-
-
 def _make(name):
+    call, exception, fragments = ENTRIES[name]
+
     def case():
-        _run(name)
+        expect_error(call, *fragments, exception=exception)
     case.__name__ = "case_" + name
     return case
 
 
 for _name in ENTRIES:
     globals()["case_" + _name] = _make(_name)
-ENTRIES_AND_GAPS = {**ENTRIES, **KNOWN_GAPS}
-for _name in KNOWN_GAPS:
-    globals()["case_" + _name] = _make(_name)
-
-
-def case_zz_probe():
-    """Only with SHARDTORCH_PROBE=path: writes what each entry actually raises."""
-    path = os.environ.get("SHARDTORCH_PROBE")
-    if not path:
-        return
-    import json
-    out = {}
-    for name, (call, _, _) in {**ENTRIES, **KNOWN_GAPS}.items():
-        try:
-            call()
-            out[name] = "NO ERROR"
-        except BaseException as e:  # noqa: BLE001
-            out[name] = f"{type(e).__name__}: {str(e)[:300]}"
-    with open(f"{path}.{ts.distributed.get_rank()}", "w") as f:
-        json.dump(out, f, indent=1)

@@ -13,6 +13,7 @@ from torch import nn
 import shardtorch as ts
 from shardtorch.checkpoint import sharded_format
 from tests.distributed.checkpoint_models import assert_state_equal, build
+from tests.reference import expect_error
 
 SAVED_SEED, FRESH_SEED = 11, 22
 
@@ -23,17 +24,6 @@ def _dir(*parts):
 
 def _size():
     return ts.distributed.get_group_size()
-
-
-def _expect_error(fn, *fragments):
-    try:
-        fn()
-    except Exception as e:  # noqa: BLE001
-        message = str(e)
-        for fragment in fragments:
-            assert fragment in message, f"{fragment!r} not in error: {message}"
-        return message
-    raise AssertionError(f"no error; expected one mentioning {fragments}")
 
 
 def _check_model_is_saved_one(model, what):
@@ -95,17 +85,17 @@ def case_wrong_checkpoint_names_the_key_on_every_rank():
 
     missing = dict(good)
     del missing["block.up.bias"]
-    _expect_error(lambda: ts.relocate_state_dict(model, on_src(missing), src=src),
-                  "missing key 'block.up.bias'", "(11,)")
+    expect_error(lambda: ts.relocate_state_dict(model, on_src(missing), src=src),
+                 "missing key 'block.up.bias'", "(11,)")
     unexpected = dict(good, extra=torch.zeros(3))
-    _expect_error(lambda: ts.relocate_state_dict(model, on_src(unexpected), src=src), "unexpected key 'extra'")
+    expect_error(lambda: ts.relocate_state_dict(model, on_src(unexpected), src=src), "unexpected key 'extra'")
     wrong = dict(good)
     wrong["block.down.weight"] = torch.zeros(7, 12)
-    _expect_error(lambda: ts.relocate_state_dict(model, on_src(wrong), src=src),
-                  "'block.down.weight' has shape (7, 12)", "expects (7, 11)", "dim 1")
-    _expect_error(lambda: ts.relocate_state_dict(model, None, src=src), "must pass the checkpoint")
-    _expect_error(lambda: ts.relocate_state_dict(model, good, src=99), "src must be a global rank")
-    _expect_error(lambda: ts.collect_state_dict(model, model.state_dict(), dst=-1), "dst must be None")
+    expect_error(lambda: ts.relocate_state_dict(model, on_src(wrong), src=src),
+                 "'block.down.weight' has shape (7, 12)", "expects (7, 11)", "dim 1")
+    expect_error(lambda: ts.relocate_state_dict(model, None, src=src), "must pass the checkpoint")
+    expect_error(lambda: ts.relocate_state_dict(model, good, src=99), "src must be a global rank")
+    expect_error(lambda: ts.collect_state_dict(model, model.state_dict(), dst=-1), "dst must be None")
     # After the errors every rank is still in step: a good relocation works.
     model.load_state_dict(ts.relocate_state_dict(model, on_src(good), src=src))
     _check_model_is_saved_one(model, "relocate after errors")
@@ -186,8 +176,8 @@ def case_sharded_failed_save_keeps_previous():
 
     sharded_format.write_atomically = dies_after_writing
     try:
-        _expect_error(lambda: ts.save_sharded(build(True, FRESH_SEED), path),
-                      "not committed", f"rank {failing_rank} failed", "No space left")
+        expect_error(lambda: ts.save_sharded(build(True, FRESH_SEED), path),
+                     "not committed", f"rank {failing_rank} failed", "No space left")
     finally:
         sharded_format.write_atomically = writer
     model = build(True, FRESH_SEED)
@@ -222,22 +212,22 @@ def case_sharded_corrupt_checkpoints_are_named():
         os.makedirs(os.path.join(base, "uncommitted", "version-0"), exist_ok=True)
     dist.barrier()
     fresh = build(True, FRESH_SEED)
-    _expect_error(lambda: ts.load_sharded(fresh, os.path.join(base, "missing")),
-                  sharded_format.rank_file_name(world - 1), "is missing")
-    _expect_error(lambda: ts.load_sharded(fresh, os.path.join(base, "truncated")),
-                  sharded_format.rank_file_name(0), "truncated")
-    _expect_error(lambda: ts.load_sharded(fresh, os.path.join(base, "uncommitted")),
-                  "no committed checkpoint", "LATEST")
-    _expect_error(lambda: ts.load_sharded(fresh, os.path.join(base, "uncommitted", "version-0")),
-                  "index.json", "incomplete save")
-    _expect_error(lambda: ts.load_sharded(fresh, os.path.join(base, "nowhere")), "no checkpoint directory")
+    expect_error(lambda: ts.load_sharded(fresh, os.path.join(base, "missing")),
+                 sharded_format.rank_file_name(world - 1), "is missing")
+    expect_error(lambda: ts.load_sharded(fresh, os.path.join(base, "truncated")),
+                 sharded_format.rank_file_name(0), "truncated")
+    expect_error(lambda: ts.load_sharded(fresh, os.path.join(base, "uncommitted")),
+                 "no committed checkpoint", "LATEST")
+    expect_error(lambda: ts.load_sharded(fresh, os.path.join(base, "uncommitted", "version-0")),
+                 "index.json", "incomplete save")
+    expect_error(lambda: ts.load_sharded(fresh, os.path.join(base, "nowhere")), "no checkpoint directory")
     other = nn.Sequential(ts.nn.ParallelLinear(6, 11, dim=1))
-    _expect_error(lambda: ts.load_sharded(other, os.path.join(base, "model")),
-                  "missing key '0.weight'", "unexpected key 'tokens.weight'")
+    expect_error(lambda: ts.load_sharded(other, os.path.join(base, "model")),
+                 "missing key '0.weight'", "unexpected key 'tokens.weight'")
     bigger = build(True, FRESH_SEED)
     bigger.head = ts.nn.ParallelLinear(7, 9, bias=False, dim=1)
-    _expect_error(lambda: ts.load_sharded(bigger, os.path.join(base, "model")),
-                  "'head.weight' has shape (7, 7)", "expects (9, 7)")
+    expect_error(lambda: ts.load_sharded(bigger, os.path.join(base, "model")),
+                 "'head.weight' has shape (7, 7)", "expects (9, 7)")
 
 
 # ------------------------------------------------------------------ a save killed midway
@@ -265,8 +255,8 @@ def case_load_after_killed_save():
     committed = os.path.basename(sharded_format.committed_version(path))
     partial = [n for n in os.listdir(path) if n.startswith("version-") and n != committed]
     assert len(partial) == 1, os.listdir(path)
-    _expect_error(lambda: ts.load_sharded(model, os.path.join(path, partial[0])),
-                  "has no index.json", "incomplete save")
+    expect_error(lambda: ts.load_sharded(model, os.path.join(path, partial[0])),
+                 "has no index.json", "incomplete save")
 
 
 # ------------------------------------------------------------------ torch.distributed.checkpoint

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import shardtorch as ts
-from tests.reference import assert_close, cross_entropy_reference, shard_of
+from tests.reference import assert_close, cross_entropy_reference, expect_error, shard_of
 
 F_TS = ts.nn.functional
 
@@ -147,27 +147,16 @@ def case_fused_equals_linear_then_loss():
                      "fused grad weight vs torch " + what)
 
 
-def _expect_error(fn, pattern):
-    import re
-
-    try:
-        fn()
-    except RuntimeError as e:
-        assert re.search(pattern, str(e)), f"unexpected message: {e}"
-        return
-    raise AssertionError(f"no error; expected {pattern!r}")
-
-
 def case_out_of_range_target_raises_on_every_rank():
     classes = _class_counts()["uneven"]
     shard = shard_of(torch.randn(4, classes, dtype=torch.float64), -1).clone()
     target = torch.tensor([0, classes, 1, -100])
     for num_classes in (None, classes):
-        _expect_error(lambda: F_TS.parallel_cross_entropy(shard, target, parallel=True,
-                                                          num_classes=num_classes),
-                      rf"target values must be in \[0, num_classes={classes}\).*got {classes}")
-    _expect_error(lambda: F_TS.parallel_cross_entropy(shard, torch.tensor([0, -5, 1, 2]), parallel=True),
-                  "got -5")
+        expect_error(lambda: F_TS.parallel_cross_entropy(shard, target, parallel=True, num_classes=num_classes),
+                     exception=RuntimeError,
+                     match=rf"target values must be in \[0, num_classes={classes}\).*got {classes}")
+    expect_error(lambda: F_TS.parallel_cross_entropy(shard, torch.tensor([0, -5, 1, 2]), parallel=True),
+                 "got -5", exception=RuntimeError)
     # The group is still usable: nobody was left inside a collective.
     F_TS.parallel_cross_entropy(shard, torch.tensor([0, 1, 2, 3]), parallel=True)
 
@@ -178,12 +167,36 @@ def case_marked_tensor_mismatch_raises_on_every_rank():
     shard = ts.utils.register_parallel_dim(shard_of(torch.randn(4, classes), -1).clone(), -1)
     target = torch.tensor([0, 1, 2, 3])
     # A weight of 3 classes fits every rank but rank 0: all ranks must raise.
-    _expect_error(lambda: ts.nn.ParallelCrossEntropyLoss(weight=torch.ones(3))(shard, target),
-                  "weight must hold this rank's 4 classes|group rank 0 failed a check")
+    expect_error(lambda: ts.nn.ParallelCrossEntropyLoss(weight=torch.ones(3))(shard, target),
+                 exception=RuntimeError, match="weight must hold this rank's 4 classes|group rank 0 failed a check")
     # Logits that are not this rank's shard of the classes the caller names.
-    _expect_error(lambda: ts.nn.ParallelCrossEntropyLoss(num_classes=classes + 1)(shard, target),
-                  "shard of num_classes|failed a check")
+    expect_error(lambda: ts.nn.ParallelCrossEntropyLoss(num_classes=classes + 1)(shard, target),
+                 exception=RuntimeError, match="shard of num_classes|failed a check")
     F_TS.parallel_cross_entropy(shard, target)  # still usable
+
+
+def case_loss_takes_the_number_of_classes_from_the_mark_unless_given():
+    size = _size()
+    classes = 3 * size + 1  # uneven: rank 0 holds 4, the others 3
+    g = torch.Generator().manual_seed(5)
+    full = torch.randn(4, classes, generator=g, dtype=torch.float64)
+    target = torch.tensor([0, classes - 1, 2, 1])
+    expected = cross_entropy_reference(full, target)
+    shard = shard_of(full, -1).clone()
+    marked = ts.utils.register_parallel_dim(shard.clone(), -1, classes)
+    assert_close(ts.nn.ParallelCrossEntropyLoss()(marked, target), expected, torch.float64, "marked with its size")
+    # The carried size reaches the op: a wrong one (every rank's shard of it is
+    # one longer than what the rank holds) is refused...
+    wrong = ts.utils.register_parallel_dim(shard.clone(), -1, classes + size)
+    for parallel in (None, True):
+        expect_error(lambda: F_TS.parallel_cross_entropy(wrong, target, parallel=parallel),
+                     f"shard of num_classes={classes + size}", exception=RuntimeError)
+    # ...and an explicit num_classes wins over it.
+    assert_close(F_TS.parallel_cross_entropy(wrong, target, num_classes=classes), expected, torch.float64,
+                 "explicit num_classes")
+    # A ParallelLinear(dim=1) output carries out_features.
+    head = ts.nn.ParallelLinear(3, classes, dim=1, dtype=torch.float64)
+    assert ts.utils.get_parallel_full_size(head(torch.randn(2, 3, dtype=torch.float64))) == classes
 
 
 def case_trains_like_unsharded():

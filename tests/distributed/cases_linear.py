@@ -10,7 +10,7 @@ from torch import nn
 
 import shardtorch as ts
 from shardtorch.nn import init as ts_init
-from tests.reference import assert_close, shard_of, shard_range
+from tests.reference import assert_close, expect_error, shard_of, split_range
 
 GROUP_SIZE = lambda: ts.distributed.get_group_size()  # noqa: E731
 
@@ -45,6 +45,7 @@ def _check_layer(in_f, out_f, bias, dim, dtype, batch_shape, whole_input=True):
     y = layer(layer_input)
     if dim in (1, -1):
         assert ts.utils.get_parallel_dim(y) == -1, "column output not marked"
+        assert ts.utils.get_parallel_full_size(y) == out_f, "column output does not carry out_features"
         y_whole = ts.distributed.gather_replicated(y, -1, full_size=out_f)
     else:
         y_whole = y
@@ -200,14 +201,8 @@ def case_mappings_forward_and_adjoint():
         s = ts.distributed.scatter(whole, 1)
         assert torch.equal(s, shard_of(full, 1))
         (s * (rank + 1)).sum().backward()
-        expected = torch.cat([torch.full_like(shard_of(full, 1), 0.0)], 1)
-        lo, hi = shard_range(total)
-        del expected
-        weights = torch.cat([torch.full((3, hi2 - lo2, 2), float(r + 1), dtype=torch.float64)
-                             for r, (lo2, hi2) in enumerate(
-                                 (ts._C.shard_offset(total, size, r),
-                                  ts._C.shard_offset(total, size, r) + ts._C.shard_size(total, size, r))
-                                 for r in range(size))], 1)
+        weights = torch.cat([torch.full((3, hi - lo, 2), float(r + 1), dtype=torch.float64)
+                             for r, (lo, hi) in enumerate(split_range(total, size, r) for r in range(size))], 1)
         assert torch.equal(whole.grad, weights)
         # reduce_scatter: sum then keep the slice; backward all-gathers.
         contrib = (full * (rank + 1)).requires_grad_()
@@ -235,47 +230,31 @@ def case_gather_without_full_size_checks_split_rule():
         return
     # Sizes that break the split rule (last rank larger) are refused on every rank.
     bad = torch.zeros(2, 1 + (1 if rank == size - 1 else 0))
-    try:
-        ts.distributed.gather(bad, -1)
-    except RuntimeError as e:
-        assert "split rule" in str(e), str(e)
-    else:
-        raise AssertionError("gather accepted shards that break the split rule")
-
-
-def _expect_error(fn, *fragments):
-    try:
-        fn()
-    except (RuntimeError, ValueError, TypeError) as e:
-        message = str(e)
-        for fragment in fragments:
-            assert fragment in message, f"{fragment!r} not in error: {message}"
-        return
-    raise AssertionError(f"no error; expected one mentioning {fragments}")
+    expect_error(lambda: ts.distributed.gather(bad, -1), "split rule", exception=RuntimeError)
 
 
 def case_bad_input_errors():
     size = GROUP_SIZE()
     col = ts.nn.ParallelLinear(8, 4 * size, dim=1)
     row = ts.nn.ParallelLinear(8 * size, 4, dim=0)
-    _expect_error(lambda: col(torch.randn(2, 9)), "input.size(-1) must equal in_features = 8")
-    _expect_error(lambda: row(torch.randn(2, 8 * size + 5)), "dim=0", "input.size(-1)")
-    _expect_error(lambda: col(torch.randn(2, 8, dtype=torch.float64)), "same dtype")
-    _expect_error(lambda: col(torch.randn(2, 8, device="meta")), "same device")
-    _expect_error(lambda: ts.nn.ParallelLinear(4, 4, dim=2), "dim must be None, 0, 1 or -1")
-    _expect_error(lambda: torch.ops.shard.parallel_linear(torch.randn(2, 4), torch.randn(3, 4), None, 2, "tp"),
-                  "dim must be None, 0, 1 or -1, got 2")
-    _expect_error(lambda: torch.ops.shard.parallel_linear(torch.randn(2, 4), torch.randn(3, 4), None, 1, "nope"),
-                  "unknown group 'nope'", "'tp'")
-    _expect_error(lambda: torch.ops.shard.parallel_linear(torch.randn(2, 4), torch.randn(3, 4), torch.randn(2), 1, "tp"),
-                  "bias must be 1-D of size weight.size(0) = 3")
-    _expect_error(lambda: torch.ops.shard.parallel_linear(torch.randint(0, 3, (2, 4)), torch.randn(3, 4), None, 1, "tp"),
-                  "floating point")
-    _expect_error(lambda: ts.distributed.gather(torch.randn(2, 3), -1, full_size=5 * size + 100), "full_size")
-    _expect_error(lambda: ts.distributed.scatter(torch.randn(2, 3), 5), "dim must be in")
+    expect_error(lambda: col(torch.randn(2, 9)), "input.size(-1) must equal in_features = 8")
+    expect_error(lambda: row(torch.randn(2, 8 * size + 5)), "dim=0", "input.size(-1)")
+    expect_error(lambda: col(torch.randn(2, 8, dtype=torch.float64)), "same dtype")
+    expect_error(lambda: col(torch.randn(2, 8, device="meta")), "same device")
+    expect_error(lambda: ts.nn.ParallelLinear(4, 4, dim=2), "dim must be None, 0, 1 or -1")
+    expect_error(lambda: torch.ops.shard.parallel_linear(torch.randn(2, 4), torch.randn(3, 4), None, 2, "tp"),
+                 "dim must be None, 0, 1 or -1, got 2")
+    expect_error(lambda: torch.ops.shard.parallel_linear(torch.randn(2, 4), torch.randn(3, 4), None, 1, "nope"),
+                 "unknown group 'nope'", "'tp'")
+    expect_error(lambda: torch.ops.shard.parallel_linear(torch.randn(2, 4), torch.randn(3, 4), torch.randn(2), 1, "tp"),
+                 "bias must be 1-D of size weight.size(0) = 3")
+    expect_error(lambda: torch.ops.shard.parallel_linear(torch.randint(0, 3, (2, 4)), torch.randn(3, 4), None, 1, "tp"),
+                 "floating point")
+    expect_error(lambda: ts.distributed.gather(torch.randn(2, 3), -1, full_size=5 * size + 100), "full_size")
+    expect_error(lambda: ts.distributed.scatter(torch.randn(2, 3), 5), "dim must be in")
     marked = ts.utils.register_parallel_dim(torch.randn(2, 3), -1)
     if size > 1:
-        _expect_error(lambda: ts.nn.ParallelLinear(8 * size + 7, 2, dim=0)(marked), "marked as sharded")
+        expect_error(lambda: ts.nn.ParallelLinear(8 * size + 7, 2, dim=0)(marked), "marked as sharded")
 
 
 def case_torchscript_module_and_function():

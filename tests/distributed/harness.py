@@ -3,25 +3,21 @@
 A case module (tests/distributed/cases_*.py) defines functions ``case_*`` that
 run on every rank after ``shardtorch.distributed.init_process_group``. The
 launcher starts the ranks as separate Python processes with torchrun's
-environment variables, runs every requested case in each, and returns, per case,
-the error of any rank (None when every rank passed). pytest tests then assert
-case by case, so one launch serves many tests.
+environment variables (tests/launcher.py), runs every requested case in each,
+and returns, per case, the error of any rank (None when every rank passed).
+pytest tests then assert case by case, so one launch serves many tests;
+``case_tests`` writes such a test.
 """
+import importlib
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
-from typing import Dict, Iterable, Optional
+from typing import Dict, Iterable, Optional, Sequence, Union
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import pytest
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.launcher import REPO, free_port, run_ranks  # noqa: F401  (free_port: for the tests' torchrun)
 
 
 def case_names(module) -> list:
@@ -38,38 +34,17 @@ def launch(module: str, world_size: int, group_size: Optional[int] = None,
     """
     group_size = group_size or world_size
     with tempfile.TemporaryDirectory() as out_dir:
-        port = free_port()
-        procs = []
-        for rank in range(world_size):
-            rank_env = dict(os.environ)
-            rank_env.update(env or {})
-            rank_env.update({
-                "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
-                "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
-                # A rank that fails mid-collective must not stall its peers for long.
-                "SHARDTORCH_TIMEOUT": rank_env.get("SHARDTORCH_TIMEOUT", "60"),
-                "PYTHONPATH": REPO + os.pathsep + rank_env.get("PYTHONPATH", ""),
-            })
-            cmd = [sys.executable, "-m", "tests.distributed.worker", module, str(group_size),
+        # A rank that fails mid-collective must not stall its peers for long.
+        rank_env = {"SHARDTORCH_TIMEOUT": os.environ.get("SHARDTORCH_TIMEOUT", "60"), **(env or {})}
+        command = [sys.executable, "-m", "tests.distributed.worker", module, group_size,
                    ",".join(cases or []), out_dir, "1" if init else "0"]
-            procs.append(subprocess.Popen(cmd, env=rank_env, cwd=REPO, stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT, text=True))
-        outputs = []
-        try:
-            for p in procs:
-                out, _ = p.communicate(timeout=timeout)
-                outputs.append(out)
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            raise RuntimeError(f"{module} on {world_size} ranks timed out after {timeout}s")
+        ranks = run_ranks(command, world_size, timeout, what=module, env=rank_env)
         results: Dict[str, Optional[str]] = {}
-        for rank in range(world_size):
+        for rank, (code, output) in enumerate(ranks):
             path = os.path.join(out_dir, f"rank{rank}.json")
             if not os.path.exists(path):
-                raise RuntimeError(f"rank {rank} of {module} exited with {procs[rank].returncode} "
-                                   f"and no results:\n{outputs[rank][-6000:]}")
+                raise RuntimeError(f"rank {rank} of {module} exited with {code} "
+                                   f"and no results:\n{output[-6000:]}")
             with open(path) as f:
                 for case, error in json.load(f).items():
                     if error is not None and results.get(case) is None:
@@ -84,26 +59,7 @@ def run_script(script: str, world_size: int, args=(), env: Optional[dict] = None
     """Runs a standalone script on ``world_size`` ranks (torchrun's variables)
     and returns [(returncode, output)] per rank, for tests where ranks are meant
     to die or disagree and the case-runner's barriers cannot be used."""
-    port = free_port()
-    procs = []
-    for rank in range(world_size):
-        rank_env = dict(os.environ)
-        rank_env.update(env or {})
-        rank_env.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
-                         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
-                         "PYTHONPATH": REPO + os.pathsep + rank_env.get("PYTHONPATH", "")})
-        procs.append(subprocess.Popen([sys.executable, script, *map(str, args)], env=rank_env, cwd=REPO,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    results = []
-    for p in procs:
-        try:
-            out, _ = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise RuntimeError(f"{script} on {world_size} ranks did not finish within {timeout}s")
-        results.append((p.returncode, out))
-    return results
+    return run_ranks([sys.executable, script, *args], world_size, timeout, what=script, env=env)
 
 
 class LaunchCache:
@@ -113,8 +69,39 @@ class LaunchCache:
         self._results = {}
 
     def get(self, module: str, world_size: int, group_size: Optional[int] = None, **kwargs):
-        key = (module, world_size, group_size, tuple(sorted(kwargs.get("env", {}).items())),
+        key = (module, world_size, group_size, tuple(sorted((kwargs.get("env") or {}).items())),
                kwargs.get("init", True))
         if key not in self._results:
             self._results[key] = launch(module, world_size, group_size, **kwargs)
         return self._results[key]
+
+
+def case_tests(module: str, world_size: Union[int, Sequence[int]] = (2, 4),
+               group_size: Union[None, int, Sequence[int]] = None, cases: Optional[Iterable[str]] = None,
+               env: Optional[dict] = None, init: bool = True):
+    """A pytest test that runs every case of ``module`` (or ``cases``), one
+    test per case, from one launch per size (the session's ``launches``).
+
+    ``world_size`` and ``group_size`` are ints, or one of them a sequence of
+    sizes to run at: the test ids are then ``[case-size]``, else ``[case]``.
+    ``group_size`` None: one tensor-parallel group of the whole world."""
+    names = sorted(cases) if cases is not None else case_names(importlib.import_module(module))
+    varied = [name for name, value in (("world", world_size), ("group", group_size))
+              if isinstance(value, (list, tuple))]
+    assert len(varied) <= 1, "case_tests: vary the world size or the group size, not both"
+
+    def run(launches, case, size=None):
+        world = size if varied == ["world"] else world_size
+        group = size if varied == ["group"] else group_size
+        results = launches.get(module, world, group, env=env, init=init)
+        assert results[case] is None, results[case]
+
+    if varied:
+        def test(launches, case, size):
+            run(launches, case, size)
+        sizes = world_size if varied == ["world"] else group_size
+        return pytest.mark.parametrize("size", list(sizes))(pytest.mark.parametrize("case", names)(test))
+
+    def test(launches, case):
+        run(launches, case)
+    return pytest.mark.parametrize("case", names)(test)

@@ -1,6 +1,6 @@
 """The catalogue of bad inputs (docs/bad_inputs.md): every entry raises the
 documented exception with the documented message on every rank (one 2-rank
-launch runs them all). Known gaps are strict xfails. Calls before init, a
+launch runs them all). Calls before init, a
 group_size that does not divide the world and the gather that leaves a peer
 waiting need their own processes (scripts/bad_setup.py)."""
 import json
@@ -19,17 +19,6 @@ SCRIPT = os.path.join(REPO, "tests", "distributed", "scripts", "bad_setup.py")
 def test_bad_input_gets_a_clear_error_on_every_rank(launches, name):
     results = launches.get(MODULE, 2)
     assert results["case_" + name] is None, results["case_" + name]
-
-
-# Known gaps in the case table (none today: G1-G4 were fixed) would run here as strict
-# xfails, so that fixing one makes its test fail until it moves to ENTRIES.
-if cases_bad_inputs.KNOWN_GAPS:
-    @pytest.mark.parametrize("name", sorted(cases_bad_inputs.KNOWN_GAPS))
-    @pytest.mark.xfail(strict=True, reason="known gap: no clear error yet (docs/bad_inputs.md)")
-    def test_known_gap(launches, name):
-        key = "case_" + name
-        results = launches.get(MODULE, 2)
-        assert results[key] is None, results[key]
 
 
 def _per_rank(mode, *args, world_size=2):

@@ -6,13 +6,9 @@ import json
 import os
 import tempfile
 
-import pytest
-
-from tests.distributed import cases_data_parallel
-from tests.distributed.harness import case_names
+from tests.distributed.harness import case_tests
 
 MODULE = "tests.distributed.cases_data_parallel"
-CASES = case_names(cases_data_parallel)
 # One report file per pytest process; ranks append one JSON line per training run.
 REPORT = os.path.join(tempfile.gettempdir(), f"shardtorch-data-parallel-{os.getpid()}.jsonl")
 ENV = {"SHARDTORCH_DTP_REPORT": REPORT}
@@ -20,11 +16,7 @@ if os.path.exists(REPORT):  # a previous process with the same id
     os.remove(REPORT)
 
 
-@pytest.mark.parametrize("group_size", [2, 4])
-@pytest.mark.parametrize("case", CASES)
-def test_data_parallel(launches, group_size, case):
-    results = launches.get(MODULE, 4, group_size, env=ENV)
-    assert results[case] is None, results[case]
+test_data_parallel = case_tests(MODULE, world_size=4, group_size=(2, 4), env=ENV)
 
 
 def test_largest_parameter_error_per_layout(launches):

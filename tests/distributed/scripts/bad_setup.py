@@ -31,6 +31,18 @@ def attempt(fn):
         return f"{type(e).__name__}: {e}"
 
 
+def init_with_timeout():
+    ts.distributed.init_process_group(group_size=world, timeout=datetime.timedelta(seconds=float(sys.argv[2])))
+
+
+def report_after_the_timeout(seconds):
+    """Stays alive past the timeout, so that a peer left waiting is not freed
+    by this rank's exit, then reports."""
+    time.sleep(max(0.0, float(sys.argv[2]) + 2 - seconds))
+    print(json.dumps({"rank": rank, "results": results, "seconds": seconds}), flush=True)
+    os._exit(0)
+
+
 results = {}
 start = time.monotonic()
 if mode == "before_init":
@@ -47,20 +59,16 @@ elif mode == "indivisible":
     results["reduce_after"] = attempt(lambda: ts.distributed.reduce(torch.ones(2)))
     ts.distributed.destroy_process_group()
 elif mode == "full_size":
-    ts.distributed.init_process_group(group_size=world, timeout=datetime.timedelta(seconds=float(sys.argv[2])))
+    init_with_timeout()
     # 7 over 2 ranks is 4 + 3: a [2, 3] tensor fits rank 1's shard, not rank 0's.
     start = time.monotonic()
     results["gather_replicated"] = attempt(lambda: ts.distributed.gather_replicated(torch.randn(2, 3), -1, full_size=7))
     # Shards of 7 (4 + 3), but rank 1 says full_size=8: its own check fails, rank 0's passes.
     results["different_full_size"] = attempt(lambda: ts.distributed.all_gather(
         torch.randn(2, 4 - rank), -1, full_size=7 + rank))
-    seconds = time.monotonic() - start
-    # Stay alive past the timeout, so that a peer left waiting is not freed by this rank's exit.
-    time.sleep(max(0.0, float(sys.argv[2]) + 2 - seconds))
-    print(json.dumps({"rank": rank, "results": results, "seconds": seconds}), flush=True)
-    os._exit(0)
+    report_after_the_timeout(time.monotonic() - start)
 elif mode == "target_one_rank":
-    ts.distributed.init_process_group(group_size=world, timeout=datetime.timedelta(seconds=float(sys.argv[2])))
+    init_with_timeout()
     # Only rank 1's targets are out of range (its data differs): it must not
     # leave rank 0 waiting in the loss's all-gather.
     target = torch.tensor([1, 2, 99 if rank == 1 else 3])
@@ -71,19 +79,13 @@ elif mode == "target_one_rank":
                                                                                num_classes=11))
     results["fused"] = attempt(lambda: ts.nn.functional.parallel_linear_cross_entropy(x, w, None, target,
                                                                                      num_classes=11))
-    seconds = time.monotonic() - start
-    time.sleep(max(0.0, float(sys.argv[2]) + 2 - seconds))
-    print(json.dumps({"rank": rank, "results": results, "seconds": seconds}), flush=True)
-    os._exit(0)
+    report_after_the_timeout(time.monotonic() - start)
 elif mode == "row_one":
-    ts.distributed.init_process_group(group_size=world, timeout=datetime.timedelta(seconds=float(sys.argv[2])))
+    init_with_timeout()
     layer = ts.nn.ParallelLinear(1, 1, bias=False, dim=0, dtype=torch.float64)
     x = torch.ones(1, 1, dtype=torch.float64, requires_grad=True)
     start = time.monotonic()
     results["forward_backward"] = attempt(lambda: layer(ts.distributed.scatter(x, -1)).sum().backward())
-    seconds = time.monotonic() - start
-    time.sleep(max(0.0, float(sys.argv[2]) + 2 - seconds))
-    print(json.dumps({"rank": rank, "results": results, "seconds": seconds}), flush=True)
-    os._exit(0)
+    report_after_the_timeout(time.monotonic() - start)
 print(json.dumps({"rank": rank, "results": results, "seconds": time.monotonic() - start}), flush=True)
 os._exit(0)

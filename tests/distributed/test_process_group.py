@@ -1,0 +1,5 @@
+"""shardtorch's process groups over their lifetime (init, re-init, destroy) on
+2 real ranks."""
+from tests.distributed.harness import case_tests
+
+test_process_group = case_tests("tests.distributed.cases_process_group", world_size=2, init=False)

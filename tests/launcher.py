@@ -1,0 +1,83 @@
+"""Starting ranks as separate processes with torchrun's environment variables.
+
+The one launcher of the distributed tests (tests/distributed/harness.py), the
+C++ tests (tests/cpp) and the benchmarks (benchmarks/common.py): each rank gets
+RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT (a
+free port; rank 0 serves the store) on one host, as torchrun would set them.
+Only the standard library: the benchmarks load this file by path.
+"""
+import os
+import socket
+import subprocess
+from typing import Callable, Iterable, List, Optional, Tuple
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_env(rank: int, world_size: int, port: int, env: Optional[dict] = None,
+             pythonpath: Optional[str] = REPO) -> dict:
+    """The environment of one rank: this process's, less an outer torchrun's
+    TORCHELASTIC_* variables (these ranks have no agent and no agent store),
+    with OMP_NUM_THREADS=1 (ranks share few cores), then ``env``, then the
+    rank's torchrun variables; ``pythonpath`` goes first on PYTHONPATH."""
+    result = {k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC_")}
+    result["OMP_NUM_THREADS"] = "1"
+    result.update(env or {})
+    result.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
+                   "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1",
+                   "MASTER_PORT": str(port)})
+    if pythonpath:
+        result["PYTHONPATH"] = pythonpath + os.pathsep + result.get("PYTHONPATH", "")
+    return result
+
+
+def start_ranks(command: Iterable, world_size: int, env: Optional[dict] = None,
+                pythonpath: Optional[str] = REPO, capture: bool = True, cwd: str = REPO,
+                env_of_rank: Optional[Callable[[int], dict]] = None) -> List[subprocess.Popen]:
+    """Starts ``command`` once per rank; ``env_of_rank(rank)`` adds variables
+    of one rank (e.g. where it writes its result). ``capture``: stdout and
+    stderr together, as text, for wait_ranks; else they go to this process's."""
+    port = free_port()
+    command = [str(part) for part in command]
+    procs = []
+    for rank in range(world_size):
+        extra = dict(env or {})
+        extra.update(env_of_rank(rank) if env_of_rank else {})
+        out = subprocess.PIPE if capture else None
+        procs.append(subprocess.Popen(command, env=rank_env(rank, world_size, port, extra, pythonpath),
+                                      cwd=cwd, stdout=out, stderr=subprocess.STDOUT if capture else None,
+                                      text=True))
+    return procs
+
+
+def wait_ranks(procs: List[subprocess.Popen], timeout: float, what: str) -> List[Tuple[int, Optional[str]]]:
+    """[(returncode, output)] per rank. A rank not done within ``timeout``
+    seconds (counted per rank, in order) is an error; no rank outlives this
+    call."""
+    results = []
+    try:
+        for proc in procs:
+            try:
+                out, _ = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                raise RuntimeError(f"{what} on {len(procs)} ranks did not finish within {timeout}s") from None
+            results.append((proc.returncode, out))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return results
+
+
+def run_ranks(command: Iterable, world_size: int, timeout: float, what: Optional[str] = None,
+              **kwargs) -> List[Tuple[int, Optional[str]]]:
+    """start_ranks, then wait_ranks: [(returncode, output)] per rank."""
+    command = list(command)
+    return wait_ranks(start_ranks(command, world_size, **kwargs), timeout, what or " ".join(map(str, command)))
