@@ -42,7 +42,7 @@ from typing import Optional
 
 import torch
 
-from .. import _core  # noqa: F401  (registers the ops)
+from .. import _C  # noqa: F401  (registers the ops)
 from ..utils.parallel_dim import register_parallel_dim
 from .state import TENSOR_PARALLEL
 
@@ -60,7 +60,7 @@ def scatter(input: torch.Tensor, dim: int = -1, group: str = TENSOR_PARALLEL) ->
     row-parallel layer then reads it as its shard, even when it holds every
     feature)."""
     output = torch.ops.shard.scatter(input, dim, group)
-    return register_parallel_dim(output, dim - input.dim() if dim >= 0 else dim)
+    return register_parallel_dim(output, dim - input.dim() if dim >= 0 else dim, input.shape[dim])
 
 
 def gather(input: torch.Tensor, dim: int = -1, group: str = TENSOR_PARALLEL,

@@ -6,7 +6,6 @@ ops under --as-needed, the communicators and the example on 2 ranks (torchrun
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import torch
 from torch import nn
 
 import shardtorch
+from tests.launcher import run_ranks
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUILD_ROOT = os.path.join(REPO, "build", "cpp-api")
@@ -202,25 +202,7 @@ def test_communicators_without_torchrun(cpp_build):
     """The launcher-free way: each rank gets RANK, WORLD_SIZE, LOCAL_RANK,
     MASTER_ADDR, MASTER_PORT; rank 0 then serves the TCPStore itself."""
     _needs_gloo()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     program = os.path.join(cpp_build["tests"], "test_communicators")
-    procs = []
-    for rank in range(2):
-        env = _env()
-        env.pop("TORCHELASTIC_USE_AGENT_STORE", None)
-        env.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
-                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-        procs.append(subprocess.Popen([program, "2"], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
-    outputs = []
-    try:
-        for proc in procs:
-            outputs.append(proc.communicate(timeout=RUN_TIMEOUT)[0])
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-    for rank, (proc, out) in enumerate(zip(procs, outputs)):
-        assert proc.returncode == 0 and ", 0 failed" in out, f"rank {rank}:\n{out[-4000:]}"
+    ranks = run_ranks([program, "2"], 2, RUN_TIMEOUT, env={"SHARDTORCH_TIMEOUT": "60"}, pythonpath=None)
+    for rank, (code, out) in enumerate(ranks):
+        assert code == 0 and ", 0 failed" in out, f"rank {rank}:\n{out[-4000:]}"

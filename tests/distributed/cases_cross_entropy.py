@@ -197,6 +197,10 @@ def case_loss_takes_the_number_of_classes_from_the_mark_unless_given():
     # A ParallelLinear(dim=1) output carries out_features.
     head = ts.nn.ParallelLinear(3, classes, dim=1, dtype=torch.float64)
     assert ts.utils.get_parallel_full_size(head(torch.randn(2, 3, dtype=torch.float64))) == classes
+    # So does a scatter of whole logits, and the loss over it is F.cross_entropy's.
+    scattered = ts.distributed.scatter(full, -1)
+    assert ts.utils.get_parallel_full_size(scattered) == classes
+    assert_close(ts.nn.ParallelCrossEntropyLoss()(scattered, target), expected, torch.float64, "scattered")
 
 
 def case_trains_like_unsharded():
