@@ -41,22 +41,28 @@ class ReduceFunction : public Function<ReduceFunction> {
   }
 };
 
-class ScatterFunction : public Function<ScatterFunction> {
+// Both slicings of the group's data along `dim`: scatter keeps this rank's
+// slice (backward: gather_replicated), reduce_scatter sums over the group first
+// (backward: all_gather, the adjoint). Backward knows the full length.
+class SliceFunction : public Function<SliceFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, int64_t dim,
-                            const std::string& group) {
+                            const std::string& group, bool reduce) {
+    const char* op = reduce ? "shard::reduce_scatter" : "shard::scatter";
     ctx->saved_data["group"] = group;
     ctx->saved_data["dim"] = dim;
-    ctx->saved_data["full_size"] =
-        input.sym_size(ops::normalize_dim(dim, input.dim(), "shard::scatter"));
+    ctx->saved_data["reduce"] = reduce;
+    ctx->saved_data["full_size"] = input.sym_size(ops::normalize_dim(dim, input.dim(), op));
     at::AutoDispatchBelowADInplaceOrView guard;
-    return ops::scatter(input, dim, group);
+    return reduce ? ops::reduce_scatter(input, dim, group) : ops::scatter(input, dim, group);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const int64_t dim = ctx->saved_data["dim"].toInt();
     auto full = ctx->saved_data["full_size"].toSymInt();
-    return {
-        ops::gather_replicated(grads[0], ctx->saved_data["dim"].toInt(), saved_group(ctx), full),
-        at::Tensor(), at::Tensor()};
+    at::Tensor grad = ctx->saved_data["reduce"].toBool()
+                          ? ops::all_gather(grads[0], dim, saved_group(ctx), full)
+                          : ops::gather_replicated(grads[0], dim, saved_group(ctx), full);
+    return {grad, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -83,24 +89,6 @@ class AllGatherFunction : public Function<AllGatherFunction> {
   }
 };
 
-class ReduceScatterFunction : public Function<ReduceScatterFunction> {
- public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, int64_t dim,
-                            const std::string& group) {
-    ctx->saved_data["group"] = group;
-    ctx->saved_data["dim"] = dim;
-    ctx->saved_data["full_size"] =
-        input.sym_size(ops::normalize_dim(dim, input.dim(), "shard::reduce_scatter"));
-    at::AutoDispatchBelowADInplaceOrView guard;
-    return ops::reduce_scatter(input, dim, group);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto full = ctx->saved_data["full_size"].toSymInt();
-    return {ops::all_gather(grads[0], ctx->saved_data["dim"].toInt(), saved_group(ctx), full),
-            at::Tensor(), at::Tensor()};
-  }
-};
-
 at::Tensor copy_autograd(const at::Tensor& input, const std::string& group) {
   return CopyFunction::apply(input, group);
 }
@@ -108,7 +96,7 @@ at::Tensor reduce_autograd(const at::Tensor& input, const std::string& group) {
   return ReduceFunction::apply(input, group);
 }
 at::Tensor scatter_autograd(const at::Tensor& input, int64_t dim, const std::string& group) {
-  return ScatterFunction::apply(input, dim, group);
+  return SliceFunction::apply(input, dim, group, false);
 }
 at::Tensor all_gather_autograd(const at::Tensor& input, int64_t dim, const std::string& group,
                                std::optional<c10::SymInt> full_size) {
@@ -120,7 +108,7 @@ at::Tensor gather_replicated_autograd(const at::Tensor& input, int64_t dim,
   return AllGatherFunction::apply(input, dim, group, std::move(full_size), true);
 }
 at::Tensor reduce_scatter_autograd(const at::Tensor& input, int64_t dim, const std::string& group) {
-  return ReduceScatterFunction::apply(input, dim, group);
+  return SliceFunction::apply(input, dim, group, true);
 }
 
 }  // namespace
