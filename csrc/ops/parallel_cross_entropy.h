@@ -12,8 +12,9 @@
 //                 float32, float16 or bfloat16. Never modified.
 //   target        [*] int64 global class indices, identical on every rank.
 //                 A value outside [0, num_classes) that is not ignore_index
-//                 raises on every rank before the statistics are exchanged
-//                 (on CUDA this check reads one flag on the host).
+//                 raises on every rank: the check's result travels in the
+//                 gathered statistics (on CUDA, the one host read of the
+//                 forward).
 //   weight        class weights: this rank's shard [local_classes] or all of
 //                 them [num_classes].
 //   reduction     at::Reduction: 0 none (loss shaped like target), 1 mean
