@@ -538,7 +538,7 @@ def load_sharded_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.o
             meta = contents[section["key"]]
             if meta["optimizer"] != type(optimizer).__name__:
                 raise fmt.CheckpointFormatError(
-                    f"the checkpoint holds the state of a {meta['optimizer']}, this optimizer is a "
+                    f"the checkpoint holds {meta['optimizer']} state, this optimizer is a "
                     f"{type(optimizer).__name__}")
             skeleton = _skeleton(meta, section["entries"])
             plan = _plan_on_src(params, optimizer, skeleton, strict)

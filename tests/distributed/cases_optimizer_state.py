@@ -194,3 +194,60 @@ def case_collect_refuses_disagreeing_ranks():
         del optimizer.state[model.up.weight]["momentum_buffer"]
     _expect_error(lambda: ts.collect_optimizer_state_dict(model, optimizer),
                   "parameter 'up.weight' has state [] on rank 1, ['momentum_buffer'] on rank 0")
+
+
+def case_replicas_that_disagree_are_named_under_debug():
+    """State of a replicated parameter is taken from one replica; under
+    SHARDTORCH_DEBUG=1 the ranks compare it and name a replica that differs."""
+    if dist.get_world_size() < 2:
+        return
+    model = build(True, SAVED_SEED)
+    optimizer = make_optimizer("sgd_momentum", model)
+    train(model, optimizer, range(1))
+    if dist.get_rank() == 1:
+        optimizer.state[model.norm.weight]["momentum_buffer"].add_(1e-9)
+    ts.collect_optimizer_state_dict(model, optimizer, dst=0)  # not compared: rank 0's is taken
+    os.environ["SHARDTORCH_DEBUG"] = "1"
+    try:
+        _expect_error(lambda: ts.collect_optimizer_state_dict(model, optimizer, dst=0),
+                      "parameter 'norm.weight' state ['momentum_buffer'] differs between rank 0 and rank 1",
+                      "replicas must agree")
+    finally:
+        del os.environ["SHARDTORCH_DEBUG"]
+
+
+# ------------------------------------------------------------------ a save killed midway
+def case_save_with_optimizer_then_die_midway():
+    """Saves model and optimizer state, then starts another save and dies
+    (os._exit: no cleanup) right after writing its shard file."""
+    from shardtorch.checkpoint import sharded_format
+    path = _dir("killed")
+    model = build(True, SAVED_SEED)
+    optimizer = make_optimizer("adam", model)
+    train(model, optimizer, range(K_STEPS))
+    ts.save_sharded(model, path, optimizer=optimizer)
+    train(model, optimizer, range(K_STEPS, K_STEPS + 1))
+    writer = sharded_format.write_atomically
+
+    def dies_after_shard_file(target, write):
+        writer(target, write)
+        if os.path.basename(target).startswith("rank-"):
+            os._exit(17)
+
+    sharded_format.write_atomically = dies_after_shard_file
+    ts.save_sharded(model, path, optimizer=optimizer)
+
+
+def case_load_after_killed_save():
+    model = build(True, FRESH_SEED)
+    optimizer = make_optimizer("adam", model)
+    ts.load_sharded(model, _dir("killed"), optimizer=optimizer)
+    _check_against_reference(model, optimizer, "adam", K_STEPS, f"after-killed-save-at-{_tag()}")
+    # A checkpoint without optimizer state is refused for an optimizer, with that reason.
+    plain_path = _dir(f"model-only-{_tag()}")
+    ts.save_sharded(model, plain_path)
+    _expect_error(lambda: ts.load_sharded(model, plain_path, optimizer=optimizer), "holds no optimizer state")
+    # Another optimizer class is refused from a sharded checkpoint too, on every rank.
+    sgd = make_optimizer("sgd_momentum", model)
+    _expect_error(lambda: ts.load_sharded(model, _dir("killed"), optimizer=sgd),
+                  "the checkpoint holds Adam state, this optimizer is a SGD")

@@ -1,7 +1,8 @@
 """Optimizer state across sizes: train at size A, save, load at size B, train
 more; every parameter and state tensor equal to the uninterrupted unsharded
 float64 run within 1e-12 (cases_optimizer_state.py). Phases run in file order,
-each loading what the previous one saved: 1 -> 2 -> 4 -> 2x2 -> 3 -> 1; then
+each loading what the previous one saved: 1 -> 2 -> 4 -> 2x2 -> 3 -> 1 (and a save
+killed midway at 1, loaded at 2); then
 the collected state continues in a plain single-process torch optimizer."""
 import glob
 import json
@@ -20,7 +21,10 @@ ERRORS = ["case_wrong_optimizer_state_fails_on_every_rank", "case_collect_refuse
 # (world, tensor-parallel size, cases), in the order they must run.
 PHASES = {
     "size1": (1, 1, ["case_train_check_and_save"] + ERRORS),
-    "size2_from1": (2, 2, ["case_load_1", "case_train_check_and_save"] + ERRORS),
+    # Saves model and optimizer state, then dies (os._exit(17)) in the middle of a second save.
+    "killed_save": (1, 1, ["case_save_with_optimizer_then_die_midway"]),
+    "size2_from1": (2, 2, ["case_load_1", "case_train_check_and_save", "case_load_after_killed_save",
+                           "case_replicas_that_disagree_are_named_under_debug"] + ERRORS),
     "size4_from2": (4, 4, ["case_load_2", "case_train_check_and_save"] + ERRORS),
     "2x2_from4": (4, 2, ["case_load_4", "case_load_1", "case_train_check_and_save"]),
     "size3_from2x2": (3, 3, ["case_load_2x2", "case_train_check_and_save"]),
@@ -36,6 +40,10 @@ def checkpoint_dir(tmp_path_factory):
 @pytest.mark.parametrize("phase", list(PHASES))
 def test_optimizer_state_phase(checkpoint_dir, phase):
     world, group, cases = PHASES[phase]
+    if phase == "killed_save":
+        with pytest.raises(RuntimeError, match="exited with 17"):
+            launch(MODULE, world, group, cases=cases, env={"SHARDTORCH_CKPT_DIR": checkpoint_dir})
+        return
     results = launch(MODULE, world, group, cases=cases, env={"SHARDTORCH_CKPT_DIR": checkpoint_dir})
     failed = {case: error for case, error in results.items() if error is not None}
     assert not failed, "\n\n".join(f"{case}:\n{error}" for case, error in failed.items())
