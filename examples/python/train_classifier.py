@@ -68,8 +68,8 @@ def build_parser():
     p.add_argument("--save", default=None, help="directory to save a checkpoint to at the end (and every --save-every)")
     p.add_argument("--save-every", type=int, default=0, help="also save every N steps (default: only at the end)")
     p.add_argument("--resume", default=None,
-                   help="directory of a checkpoint to resume from, saved at any number of ranks and any "
-                        "--group-size/--layout (except with --zero: the same world size only)")
+                   help="directory of a checkpoint to resume from, saved at any number of ranks, "
+                        "--group-size, --layout and with or without --zero")
     p.add_argument("--auto-resume", action="store_true",
                    help="resume from --save DIR when it holds a checkpoint (for torchrun --max-restarts)")
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32",
@@ -190,9 +190,9 @@ def save_checkpoint(directory, step, model_parts, model, optimizer, scaler, sche
     that the checkpoint resumes at any number of ranks and any layout:
     one file per model part, optimizer.pt (the state the same optimizer over
     the unsharded model would hold: momentum, Adam moments, steps, learning
-    rates) and trainer.pt (step, which is the data position, LR schedule,
-    GradScaler, every rank's RNG state). ZeroRedundancyOptimizer keeps its
-    own per-rank files (resumes at the same world size only). Everything goes
+    rates; ZeroRedundancyOptimizer's too, consolidated) and trainer.pt (step,
+    which is the data position, LR schedule, GradScaler, every rank's RNG
+    state). Everything goes
     to DIR/step-N/; DIR/LATEST names the newest complete one and is replaced
     last, so a rank killed mid-save leaves the previous checkpoint in charge."""
     rank = ts.distributed.get_rank()
@@ -202,20 +202,17 @@ def save_checkpoint(directory, step, model_parts, model, optimizer, scaler, sche
         full = ts.collect_state_dict(module, module.state_dict(), dst=0)
         if rank == 0:
             _atomic_save(full, os.path.join(version, f"{name}.pt"))
-    zero = hasattr(optimizer, "consolidate_state_dict")
-    if zero:  # ZeroRedundancyOptimizer keeps its own shard of the (tensor-parallel) state
-        _atomic_save({"zero_local": optimizer.optim.state_dict()}, os.path.join(version, f"rank{rank}.pt"))
-    else:
-        full = ts.collect_optimizer_state_dict(model, optimizer, dst=0)
-        if rank == 0:
-            _atomic_save(full, os.path.join(version, "optimizer.pt"))
+    full = ts.collect_optimizer_state_dict(model, optimizer, dst=0)
+    if rank == 0:
+        _atomic_save(full, os.path.join(version, "optimizer.pt"))
+    del full
     rng = {"cpu": torch.get_rng_state(),
            "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized() else None}
     every_rng = [None] * ts.distributed.get_world_size()
     dist.all_gather_object(every_rng, rng)
     if rank == 0:
         trainer = {"step": step, "world_size": ts.distributed.get_world_size(),
-                   "group_size": ts.distributed.get_group_size(), "zero": zero,
+                   "group_size": ts.distributed.get_group_size(),
                    "scaler": scaler.state_dict() if scaler is not None else None,
                    "scheduler": scheduler.state_dict(), "rng": every_rng}
         _atomic_save(trainer, os.path.join(version, "trainer.pt"))
@@ -250,25 +247,14 @@ def load_checkpoint(directory, model_parts, model, optimizer, scaler, scheduler,
     RNG: rank r takes rank r's saved state; ranks the saved run did not have
     are seeded from (seed, step, rank), since no saved stream is theirs."""
     rank = ts.distributed.get_rank()
-    world = ts.distributed.get_world_size()
     directory = latest_checkpoint(directory) or directory
     trainer = torch.load(os.path.join(directory, "trainer.pt"), weights_only=True)
-    zero = hasattr(optimizer, "consolidate_state_dict")
-    if (zero or trainer["zero"]) and (zero != trainer["zero"] or trainer["world_size"] != world):
-        raise SystemExit(f"--resume: the checkpoint was saved by {trainer['world_size']} ranks "
-                         f"{'with' if trainer['zero'] else 'without'} --zero, this run has {world} ranks "
-                         f"{'with' if zero else 'without'}; ZeroRedundancyOptimizer state resumes only at the "
-                         f"same world size (drop --zero from both runs to resume at any size)")
     for name, module in model_parts.items():
         full = torch.load(os.path.join(directory, f"{name}.pt"), weights_only=True) if rank == 0 else None
         module.load_state_dict(ts.relocate_state_dict(module, full, src=0))
-    if zero:
-        local = torch.load(os.path.join(directory, f"rank{rank}.pt"), weights_only=True)
-        optimizer.optim.load_state_dict(local["zero_local"])
-    else:
-        full = torch.load(os.path.join(directory, "optimizer.pt"), weights_only=True) if rank == 0 else None
-        optimizer.load_state_dict(ts.relocate_optimizer_state_dict(model, optimizer, full, src=0))
-        del full
+    full = torch.load(os.path.join(directory, "optimizer.pt"), weights_only=True) if rank == 0 else None
+    optimizer.load_state_dict(ts.relocate_optimizer_state_dict(model, optimizer, full, src=0))
+    del full
     scheduler.load_state_dict(trainer["scheduler"])
     if scaler is not None and trainer["scaler"] is not None:
         scaler.load_state_dict(trainer["scaler"])

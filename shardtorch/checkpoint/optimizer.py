@@ -59,13 +59,73 @@ def _plain(name: str) -> str:
     return name
 
 
+def _is_zero(optimizer) -> bool:
+    return hasattr(optimizer, "consolidate_state_dict") and hasattr(optimizer, "optim")
+
+
+def _class_name(optimizer) -> str:
+    """The optimizer that keeps the state (ZeroRedundancyOptimizer's inner one)."""
+    return type(optimizer.optim).__name__ if _is_zero(optimizer) else type(optimizer).__name__
+
+
 def _check_optimizer_kind(optimizer, what: str) -> None:
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"{what}: optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
-    if hasattr(optimizer, "consolidate_state_dict"):
-        raise NotImplementedError(
-            f"{what}: ZeroRedundancyOptimizer is not supported yet; consolidate its state "
-            f"(optimizer.consolidate_state_dict) or use a plain torch optimizer")
+    if _is_zero(optimizer):
+        zero_ranks = dist.get_process_group_ranks(optimizer.process_group)
+        dp_ranks = state.get_group_ranks(state.DATA_PARALLEL)
+        if sorted(zero_ranks) != sorted(dp_ranks):
+            # Over other ranks, one parameter index would stand for different shards.
+            raise NotImplementedError(
+                f"{what}: a ZeroRedundancyOptimizer must run over the data-parallel group "
+                f"(ranks {dp_ranks} for rank {state.get_rank()}), this one runs over ranks {zero_ranks}")
+
+
+def _local_state(optimizer, receivers: Optional[List[int]]) -> Optional[dict]:
+    """This rank's optimizer.state_dict(), or None on ranks that take no part.
+
+    A ZeroRedundancyOptimizer's state is spread over its data-parallel group:
+    it is consolidated (collective over every data-parallel group) on the
+    members of ``receivers`` (global ranks, one tensor-parallel group: each
+    data-parallel group holds one of them), or on every rank when None; ranks
+    not consolidated to return None."""
+    if not _is_zero(optimizer):
+        return optimizer.state_dict()
+    members = dist.get_process_group_ranks(optimizer.process_group)
+    targets = range(len(members)) if receivers is None else \
+        [i for i, r in enumerate(members) if r in receivers]
+    mine = None
+    for target in targets:
+        optimizer.consolidate_state_dict(to=target)
+        if members[target] == state.get_rank():
+            mine = optimizer.state_dict()
+        optimizer._all_state_dicts = []  # drop the consolidated copy (ours is referenced by mine)
+    return mine
+
+
+def _tensor_parallel_group_of(rank: int) -> List[int]:
+    for members in state._require("optimizer state").topology.tensor_parallel_groups():
+        if rank in members:
+            return list(members)
+    raise ValueError(f"rank {rank} is in no tensor-parallel group")
+
+
+def _local_and_agreed(model, optimizer, params: "_Params", receivers: Optional[List[int]], what: str):
+    """This rank's state (None where it takes no part) and its description,
+    after every rank has compared every rank's (collective)."""
+    local = _local_state(optimizer, receivers)
+    if local is None:
+        description, problem = None, None
+    else:
+        description, problem = _describe(params, local)
+    _agree(problem, what)
+    descriptions = [description]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        descriptions = [None] * dist.get_world_size()
+        dist.all_gather_object(descriptions, description)
+    present = [(rank, d) for rank, d in enumerate(descriptions) if d is not None]
+    _compare_descriptions([d for _, d in present], what, [rank for rank, _ in present])
+    return local, description
 
 
 class _Params:
@@ -169,10 +229,10 @@ def _digest(value) -> str:
     return repr(value)
 
 
-def _compare_descriptions(descriptions: List[dict], what: str) -> None:
+def _compare_descriptions(descriptions: List[dict], what: str, ranks: List[int]) -> None:
     reference = descriptions[0]
     bad = []
-    for rank, d in enumerate(descriptions[1:], start=1):
+    for rank, d in zip(ranks[1:], descriptions[1:]):
         if d["groups"] != reference["groups"]:
             bad.append(f"rank {rank}'s parameter groups {d['groups']} differ from rank 0's {reference['groups']}")
             continue
@@ -221,17 +281,12 @@ def collect_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim.
     _check_optimizer_kind(optimizer, what)
     params = _Params(model, optimizer, what)
     params.read_layout(model)
-    local = optimizer.state_dict()
-    description, problem = _describe(params, local)
-    _agree(problem, what)
-    descriptions = [description]
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        descriptions = [None] * dist.get_world_size()
-        dist.all_gather_object(descriptions, description)
-    _compare_descriptions(descriptions, what)
-
+    local, description = _local_and_agreed(model, optimizer, params,
+                                           None if dst is None else _tensor_parallel_group_of(dst), what)
     rank = state.get_rank()
     receives = dst is None or rank == dst
+    if local is None:  # a ZeroRedundancyOptimizer's rank outside dst's tensor-parallel group
+        return None
     collected: Dict[int, dict] = {}
     for index in range(len(params.params)):
         kinds = description["state"].get(params.names[index])
@@ -343,23 +398,30 @@ def _plan_on_src(params: _Params, optimizer, state_dict, strict: bool):
                 + (f" with keys {sorted(map(str, state_dict))}" if isinstance(state_dict, dict) else ""))
     saved_groups = state_dict["param_groups"]
     current = optimizer.param_groups
-    cls = type(optimizer).__name__
+    cls = _class_name(optimizer)
     if len(saved_groups) != len(current):
         return (f"the state has {len(saved_groups)} parameter group(s), this {cls} has {len(current)}")
     problems = []
     saved_index = {}   # this optimizer's index -> the state dict's index
+    # ZeroRedundancyOptimizer's own groups gain the inner optimizer's defaults
+    # only when it first syncs them; its inner optimizer has them from the start.
+    inner = optimizer.optim.param_groups if _is_zero(optimizer) else current
+    if len(inner) != len(current):
+        inner = current
     for g, (saved, group, indices) in enumerate(zip(saved_groups, current, params.groups)):
         saved_keys = {k for k in saved if k not in ("params", "param_names")}
-        keys = {k for k in group if k not in ("params", "param_names")}
+        keys = {k for k in group if k not in ("params", "param_names")} | \
+            {k for k in inner[g] if k not in ("params", "param_names")}
         if saved_keys != keys:
             problems.append(f"group {g} has hyperparameters {sorted(saved_keys)} in the state but this {cls} has "
                             f"{sorted(keys)} (missing {sorted(keys - saved_keys)}, unexpected "
                             f"{sorted(saved_keys - keys)}): the state is of another optimizer class")
             continue
+        merged = {**inner[g], **group}
         flags = [k for k in ("decoupled_weight_decay", "nesterov", "amsgrad", "centered")
-                 if k in keys and bool(saved[k]) != bool(group[k])]
+                 if k in keys and bool(saved[k]) != bool(merged[k])]
         if flags:
-            problems.append(f"group {g}: {', '.join(f'{k}={saved[k]!r} in the state, {group[k]!r} here' for k in flags)}"
+            problems.append(f"group {g}: {', '.join(f'{k}={saved[k]!r} in the state, {merged[k]!r} here' for k in flags)}"
                             f" (the state is of another optimizer variant)")
         names = [params.names[i] for i in indices]
         saved_params = list(saved["params"])
@@ -449,15 +511,11 @@ def sharded_optimizer_entries(model: torch.nn.Module, optimizer: torch.optim.Opt
     _check_optimizer_kind(optimizer, what)
     params = _Params(model, optimizer, what)
     params.layout = layout if all(k in layout for k in params.model_keys) else model_layout(model)
-    local = optimizer.state_dict()
-    description, problem = _describe(params, local)
-    _agree(problem, what)
-    descriptions = [description]
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        descriptions = [None] * dist.get_world_size()
-        dist.all_gather_object(descriptions, description)
-    _compare_descriptions(descriptions, what)
+    # The ranks of the first tensor-parallel group write the shards (and rank 0 the rest).
+    local, description = _local_and_agreed(model, optimizer, params, _tensor_parallel_group_of(0), what)
     tensors, layouts, values, tensor_keys = {}, {}, {}, {}
+    if local is None:
+        return tensors, layouts, None
     for index, state_values in local["state"].items():
         name = params.names[index]
         kinds = description["state"][name]
@@ -481,7 +539,7 @@ def sharded_optimizer_entries(model: torch.nn.Module, optimizer: torch.optim.Opt
         group = {k: v for k, v in group.items() if k not in ("params", "param_names")}
         group["param_names"] = [params.names[i] for i in indices]
         groups.append(group)
-    meta = {"optimizer": type(optimizer).__name__, "param_groups": groups, "values": values,
+    meta = {"optimizer": _class_name(optimizer), "param_groups": groups, "values": values,
             "tensors": tensor_keys}
     return tensors, layouts, meta
 
@@ -536,10 +594,10 @@ def load_sharded_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.o
             contents = torch.load(os.path.join(directory, section["file"]), map_location="cpu", mmap=True,
                                   weights_only=True)
             meta = contents[section["key"]]
-            if meta["optimizer"] != type(optimizer).__name__:
+            if meta["optimizer"] != _class_name(optimizer):
                 raise fmt.CheckpointFormatError(
                     f"the checkpoint holds {meta['optimizer']} state, this optimizer is a "
-                    f"{type(optimizer).__name__}")
+                    f"{_class_name(optimizer)}")
             skeleton = _skeleton(meta, section["entries"])
             plan = _plan_on_src(params, optimizer, skeleton, strict)
             if not isinstance(plan, str):

@@ -70,22 +70,25 @@ def case_train_check_and_save():
 
 
 # ------------------------------------------------------------------ loading at size B
-def _load_and_continue(tag):
-    for kind in OPTIMIZERS:
+def _load_and_continue(tag, kinds=tuple(OPTIMIZERS), prefix=""):
+    for kind in kinds:
         # From the collected files, through relocate.
         model = build(True, FRESH_SEED)
         optimizer = make_optimizer(kind, model)
-        full = torch.load(_dir(f"full-{kind}-{tag}.pt"), weights_only=True) if dist.get_rank() == 0 else None
+        full = torch.load(_dir(f"full-{prefix}{kind}-{tag}.pt"), weights_only=True) \
+            if dist.get_rank() == 0 else None
         model.load_state_dict(ts.relocate_state_dict(model, full and full["model"]))
         optimizer.load_state_dict(ts.relocate_optimizer_state_dict(model, optimizer, full and full["optimizer"]))
         train(model, optimizer, range(K_STEPS, K_STEPS + M_STEPS))
-        _check_against_reference(model, optimizer, kind, K_STEPS + M_STEPS, f"relocated-{tag}-to-{_tag()}")
+        _check_against_reference(model, optimizer, kind, K_STEPS + M_STEPS,
+                                 f"relocated-{prefix}{tag}-to-{_tag()}")
         # From the sharded checkpoint, through load_sharded.
         model = build(True, FRESH_SEED)
         optimizer = make_optimizer(kind, model)
-        ts.load_sharded(model, _dir(f"sharded-{kind}-{tag}"), optimizer=optimizer)
+        ts.load_sharded(model, _dir(f"sharded-{prefix}{kind}-{tag}"), optimizer=optimizer)
         train(model, optimizer, range(K_STEPS, K_STEPS + M_STEPS))
-        _check_against_reference(model, optimizer, kind, K_STEPS + M_STEPS, f"load_sharded-{tag}-to-{_tag()}")
+        _check_against_reference(model, optimizer, kind, K_STEPS + M_STEPS,
+                                 f"load_sharded-{prefix}{tag}-to-{_tag()}")
 
 
 def case_load_1():
@@ -251,3 +254,58 @@ def case_load_after_killed_save():
     sgd = make_optimizer("sgd_momentum", model)
     _expect_error(lambda: ts.load_sharded(model, _dir("killed"), optimizer=sgd),
                   "the checkpoint holds Adam state, this optimizer is a SGD")
+
+
+# ------------------------------------------------------------------ ZeroRedundancyOptimizer
+ZERO_KINDS = {"sgd_momentum": (torch.optim.SGD, dict(lr=0.1, momentum=0.9, dampening=0.1)),
+              "adam": (torch.optim.Adam, dict(lr=0.01, amsgrad=True))}
+
+
+def _make_zero(kind, model):
+    """ZeroRedundancyOptimizer over the data-parallel group, with the groups
+    and hyperparameters of make_optimizer(kind, ...)."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    from tests.distributed.optimizer_models import param_groups
+    cls, kwargs = ZERO_KINDS[kind]
+    groups = param_groups(model)
+    zero = ZeroRedundancyOptimizer(groups[0]["params"], optimizer_class=cls,
+                                   process_group=ts.distributed.get_data_parallel_group(), **kwargs)
+    zero.add_param_group(groups[1])
+    zero.param_groups[0]["lr"] *= 0.5
+    return zero
+
+
+def case_zero_train_check_save_and_reload():
+    """State spread over the data-parallel group by ZeRO: collected, it is the
+    unsharded optimizer's; relocated or loaded into a fresh ZeRO it continues."""
+    tag = _tag()
+    for kind in ZERO_KINDS:
+        model = build(True, SAVED_SEED)
+        zero = _make_zero(kind, model)
+        train(model, zero, range(K_STEPS))
+        _check_against_reference(model, zero, kind, K_STEPS, f"zero-trained-at-{tag}")
+        full = {"model": ts.collect_state_dict(model, model.state_dict(), dst=0),
+                "optimizer": ts.collect_optimizer_state_dict(model, zero, dst=0)}
+        if dist.get_rank() == 0:
+            torch.save(full, _dir(f"full-zero-{kind}-{tag}.pt"))
+        ts.save_sharded(model, _dir(f"sharded-zero-{kind}-{tag}"), optimizer=zero)
+        full = full if dist.get_rank() == 0 else None
+
+        model = build(True, FRESH_SEED)
+        zero = _make_zero(kind, model)
+        model.load_state_dict(ts.relocate_state_dict(model, full and full["model"]))
+        zero.load_state_dict(ts.relocate_optimizer_state_dict(model, zero, full and full["optimizer"]))
+        train(model, zero, range(K_STEPS, K_STEPS + M_STEPS))
+        _check_against_reference(model, zero, kind, K_STEPS + M_STEPS, f"zero-relocated-{tag}-to-{tag}")
+
+        model = build(True, FRESH_SEED)
+        zero = _make_zero(kind, model)
+        ts.load_sharded(model, _dir(f"sharded-zero-{kind}-{tag}"), optimizer=zero)
+        train(model, zero, range(K_STEPS, K_STEPS + M_STEPS))
+        _check_against_reference(model, zero, kind, K_STEPS + M_STEPS, f"zero-load_sharded-{tag}-to-{tag}")
+
+
+def case_load_zero_2x2():
+    """A plain optimizer at another size continues from ZeRO's state."""
+    _load_and_continue("2x2", kinds=tuple(ZERO_KINDS), prefix="zero-")

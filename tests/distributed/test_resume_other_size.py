@@ -82,3 +82,21 @@ def test_continues_alike_at_1_2_and_3_ranks(saved_on_2x2):
     # And training moved them: the checkpoint is not what came out.
     start = _load(saved_on_2x2 / "a", "head.pt")
     assert not torch.equal(start["weight"], reference["head"]["weight"])
+
+
+def test_zero_checkpoint_resumes_at_another_layout(tmp_path):
+    """--zero (ZeroRedundancyOptimizer over the data-parallel group): saved on
+    2 x 2, resumed on 4 ranks of 4 x 1 (ZeRO over 4) and on 2 ranks without
+    --zero, and saved again at once: the same optimizer state, bit for bit."""
+    _run(4, 2, "--steps", "3", "--zero", "--save", tmp_path / "a")
+    _run(4, 1, "--steps", "3", "--zero", "--resume", tmp_path / "a", "--save", tmp_path / "b")
+    _run(2, 2, "--steps", "3", "--resume", tmp_path / "b", "--save", tmp_path / "c")
+    original = _load(tmp_path / "a", "optimizer.pt")
+    assert len(original["state"]) > 0 and all("momentum_buffer" in v for v in original["state"].values())
+    for again in ("b", "c"):
+        back = _load(tmp_path / again, "optimizer.pt")
+        assert original["param_groups"] == back["param_groups"], again
+        assert original["state"].keys() == back["state"].keys(), again
+        for index, values in original["state"].items():
+            for key, value in values.items():
+                assert torch.equal(value, back["state"][index][key]), (again, index, key)
