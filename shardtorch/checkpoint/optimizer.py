@@ -502,7 +502,8 @@ def _entry_key(name: str, key) -> str:
 
 
 def sharded_optimizer_entries(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                              layout: Dict[str, EntryLayout], what: str = "save_sharded"):
+                              layout: Dict[str, EntryLayout], what: str = "save_sharded",
+                              every_rank: bool = False):
     """This rank's optimizer state as extra sharded-checkpoint entries:
     ({entry key: tensor}, {entry key: EntryLayout}, meta). Tensor state is laid
     out like its parameter (sharded or replicated); scalar state, the groups
@@ -511,8 +512,10 @@ def sharded_optimizer_entries(model: torch.nn.Module, optimizer: torch.optim.Opt
     _check_optimizer_kind(optimizer, what)
     params = _Params(model, optimizer, what)
     params.layout = layout if all(k in layout for k in params.model_keys) else model_layout(model)
-    # The ranks of the first tensor-parallel group write the shards (and rank 0 the rest).
-    local, description = _local_and_agreed(model, optimizer, params, _tensor_parallel_group_of(0), what)
+    # The ranks of the first tensor-parallel group write the shards (and rank 0 the rest),
+    # unless every rank takes part (DCP).
+    local, description = _local_and_agreed(model, optimizer, params,
+                                           None if every_rank else _tensor_parallel_group_of(0), what)
     tensors, layouts, values, tensor_keys = {}, {}, {}, {}
     if local is None:
         return tensors, layouts, None
@@ -540,7 +543,9 @@ def sharded_optimizer_entries(model: torch.nn.Module, optimizer: torch.optim.Opt
         group["param_names"] = [params.names[i] for i in indices]
         groups.append(group)
     meta = {"optimizer": _class_name(optimizer), "param_groups": groups, "values": values,
-            "tensors": tensor_keys}
+            "tensors": tensor_keys,
+            "shapes": {ek: {"shape": list(e.full_shape), "dtype": str(e.dtype).replace("torch.", "")}
+                       for ek, e in layouts.items()}}
     return tensors, layouts, meta
 
 
@@ -563,6 +568,19 @@ def _skeleton(meta: dict, entries: dict) -> dict:
             values[key] = torch.empty(entry["shape"], dtype=getattr(torch, entry["dtype"]), device="meta")
         state_dict["state"][position[name]] = values
     return state_dict
+
+
+def _plan_from_meta(params: _Params, optimizer, meta: dict, shapes: dict, strict: bool):
+    """_plan_on_src for a checkpoint's meta, plus each state tensor's entry key."""
+    if meta["optimizer"] != _class_name(optimizer):
+        return f"the checkpoint holds {meta['optimizer']} state, this optimizer is a {_class_name(optimizer)}"
+    skeleton = _skeleton(meta, shapes)
+    plan = _plan_on_src(params, optimizer, skeleton, strict)
+    if not isinstance(plan, str):
+        names = {i: n for g in skeleton["param_groups"] for i, n in zip(g["params"], g["param_names"])}
+        plan["entry_keys"] = {i: dict(meta["tensors"].get(names[plan["saved_index"][i]], []))
+                              for i in plan["state"]}
+    return plan
 
 
 def load_sharded_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -594,16 +612,8 @@ def load_sharded_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.o
             contents = torch.load(os.path.join(directory, section["file"]), map_location="cpu", mmap=True,
                                   weights_only=True)
             meta = contents[section["key"]]
-            if meta["optimizer"] != _class_name(optimizer):
-                raise fmt.CheckpointFormatError(
-                    f"the checkpoint holds {meta['optimizer']} state, this optimizer is a "
-                    f"{_class_name(optimizer)}")
-            skeleton = _skeleton(meta, section["entries"])
-            plan = _plan_on_src(params, optimizer, skeleton, strict)
+            plan = _plan_from_meta(params, optimizer, meta, section["entries"], strict)
             if not isinstance(plan, str):
-                names = {i: n for g in skeleton["param_groups"] for i, n in zip(g["params"], g["param_names"])}
-                plan["entry_keys"] = {i: dict(meta["tensors"].get(names[plan["saved_index"][i]], []))
-                                      for i in plan["state"]}
                 plan["directory"] = directory
                 plan["entries"] = {ek: section["entries"][ek] for keys in plan["entry_keys"].values()
                                    for ek in keys.values()}
@@ -633,3 +643,42 @@ def load_sharded_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.o
             out[key] = _assemble(entry, plan["entries"][ek], plan["directory"], files)
         result_state[index] = out
     return {"state": result_state, "param_groups": plan["param_groups"]}
+
+
+# ---------------------------------------------------------------------------- DCP
+DCP_META_KEY = "optimizer/__meta__"
+
+
+def dcp_optimizer_entries(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                          layout: Dict[str, EntryLayout]):
+    """This rank's optimizer state as DCP entries ({key: tensor}, {key: layout})
+    plus the meta object under DCP_META_KEY. Collective."""
+    tensors, layouts, meta = sharded_optimizer_entries(model, optimizer, layout, "save_dcp", every_rank=True)
+    return tensors, layouts, meta
+
+
+def dcp_optimizer_plan(model: torch.nn.Module, optimizer: torch.optim.Optimizer, meta: Optional[dict],
+                       strict: bool = True):
+    """(params, plan) for loading a DCP checkpoint's optimizer state: every
+    rank read the same ``meta``; rank 0's verdict decides for all."""
+    what = "load_dcp"
+    _check_optimizer_kind(optimizer, what)
+    params = _Params(model, optimizer, what)
+    _agree("the optimizer holds parameters that are not the model's: " + ", ".join(params.unknown)
+           if params.unknown else None, what)
+    params.read_layout(model)
+    plan = None
+    if state.get_rank() == 0:
+        if meta is None:
+            plan = "the checkpoint holds no optimizer state (saved without save_dcp(..., optimizer=...))"
+        else:
+            try:
+                plan = _plan_from_meta(params, optimizer, meta, meta["shapes"], strict)
+            except Exception as e:  # noqa: BLE001 - every rank raises it below
+                plan = f"{type(e).__name__}: {e}"
+    box = [plan]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(box, src=0)
+    if isinstance(box[0], str):
+        raise OptimizerStateMismatchError(f"{what}: optimizer state: {box[0]}")
+    return params, box[0]

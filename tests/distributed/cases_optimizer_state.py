@@ -309,3 +309,28 @@ def case_zero_train_check_save_and_reload():
 def case_load_zero_2x2():
     """A plain optimizer at another size continues from ZeRO's state."""
     _load_and_continue("2x2", kinds=tuple(ZERO_KINDS), prefix="zero-")
+
+
+# ------------------------------------------------------------------ torch.distributed.checkpoint
+DCP_KINDS = ("sgd_nesterov", "adam", "rmsprop")
+
+
+def case_save_dcp_with_optimizer():
+    for kind in DCP_KINDS:
+        model = build(True, SAVED_SEED)
+        optimizer = make_optimizer(kind, model)
+        train(model, optimizer, range(K_STEPS))
+        ts.checkpoint.save_dcp(model, _dir(f"dcp-{kind}-{_tag()}"), optimizer=optimizer)
+
+
+def case_load_dcp_with_optimizer_2x2():
+    for kind in DCP_KINDS:
+        model = build(True, FRESH_SEED)
+        optimizer = make_optimizer(kind, model)
+        ts.checkpoint.load_dcp(model, _dir(f"dcp-{kind}-2x2"), optimizer=optimizer)
+        train(model, optimizer, range(K_STEPS, K_STEPS + M_STEPS))
+        _check_against_reference(model, optimizer, kind, K_STEPS + M_STEPS, f"load_dcp-2x2-to-{_tag()}")
+    model = build(True, FRESH_SEED)
+    _expect_error(lambda: ts.checkpoint.load_dcp(model, _dir("dcp-adam-2x2"),
+                                                 optimizer=make_optimizer("sgd_momentum", model)),
+                  "the checkpoint holds Adam state, this optimizer is a SGD")

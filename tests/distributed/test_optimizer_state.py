@@ -27,8 +27,9 @@ PHASES = {
                            "case_replicas_that_disagree_are_named_under_debug"] + ERRORS),
     "size4_from2": (4, 4, ["case_load_2", "case_train_check_and_save"] + ERRORS),
     "2x2_from4": (4, 2, ["case_load_4", "case_load_1", "case_train_check_and_save",
-                         "case_zero_train_check_save_and_reload"]),
-    "size3_from2x2": (3, 3, ["case_load_2x2", "case_load_zero_2x2", "case_train_check_and_save"]),
+                         "case_zero_train_check_save_and_reload", "case_save_dcp_with_optimizer"]),
+    "size3_from2x2": (3, 3, ["case_load_2x2", "case_load_zero_2x2", "case_load_dcp_with_optimizer_2x2",
+                             "case_train_check_and_save"]),
     "size1_from3": (1, 1, ["case_load_3", "case_load_2x2"]),
 }
 
