@@ -79,7 +79,11 @@ def build_parser():
     p.add_argument("--fail-at-step", type=int, default=None,
                    help="fault injection for tests: --fail-rank exits abruptly before this step, "
                         "on the first attempt only")
-    p.add_argument("--fail-rank", type=int, default=1, help="the rank --fail-at-step kills (default: 1)")
+    p.add_argument("--fail-rank", type=int, default=1,
+                   help="the rank --fail-at-step kills; -1: whichever rank this process is (default: 1)")
+    p.add_argument("--fail-kills-agent", action="store_true",
+                   help="fault injection for tests: the failing rank kills its torchrun agent first, "
+                        "as a lost node would (the others then restart without it)")
     p.add_argument("--no-compare", action="store_true",
                    help="skip measuring the unsharded equivalent at the end")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (one line per step on rank 0)")
@@ -367,7 +371,10 @@ def main(argv=None):
     peak = PeakMemory(device)
     with peak:
         for step in range(start_step, args.steps):
-            if args.fail_at_step == step and rank == args.fail_rank and first_attempt:
+            if args.fail_at_step == step and args.fail_rank in (rank, -1) and first_attempt:
+                if args.fail_kills_agent:
+                    import signal
+                    os.kill(os.getppid(), signal.SIGKILL)
                 os._exit(17)  # a rank dying mid-training, as a crash or a lost node would
             loss, correct, count = train_step(step)
             losses[step] = loss
