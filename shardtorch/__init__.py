@@ -10,8 +10,8 @@ import torch as _torch
 
 from . import _C  # loads libshardtorch.so, which registers the torch.ops.shard.* operators
 from . import checkpoint, distributed, nn, random, utils
-from .checkpoint import (collect_state_dict, load_sharded, load_sharded_state_dict, relocate_state_dict,
-                         save_sharded)
+from .checkpoint import (collect_optimizer_state_dict, collect_state_dict, load_sharded, load_sharded_state_dict,
+                         relocate_optimizer_state_dict, relocate_state_dict, save_sharded)
 
 __version__ = _C.version
 cuda_built = _C.cuda_built
@@ -19,5 +19,5 @@ cuda_built = _C.cuda_built
 cmake_prefix_path = _os.path.dirname(_os.path.abspath(__file__))
 
 __all__ = ["checkpoint", "distributed", "nn", "random", "utils", "collect_state_dict", "relocate_state_dict",
-           "save_sharded", "load_sharded", "load_sharded_state_dict", "cmake_prefix_path", "cuda_built",
-           "__version__"]
+           "collect_optimizer_state_dict", "relocate_optimizer_state_dict", "save_sharded", "load_sharded",
+           "load_sharded_state_dict", "cmake_prefix_path", "cuda_built", "__version__"]

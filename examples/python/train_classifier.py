@@ -51,6 +51,10 @@ def build_parser():
     p.add_argument("--steps", type=int, default=60, help="training steps (default: 60)")
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default: 0.05)")
     p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default: 0.9)")
+    p.add_argument("--lr-schedule", choices=["constant", "cosine"], default="constant",
+                   help="learning-rate schedule over --steps, after --warmup-steps of linear warm-up "
+                        "(default: constant)")
+    p.add_argument("--warmup-steps", type=int, default=0, help="linear learning-rate warm-up steps (default: 0)")
     p.add_argument("--active-classes", type=int, default=64,
                    help="synthetic data: how many of the classes appear in the data (default: 64)")
     p.add_argument("--data", default=None, help="train on an ImageFolder at PATH instead of synthetic data")
@@ -63,7 +67,9 @@ def build_parser():
                    help="compute classifier + loss chunk by chunk without materialising the logits")
     p.add_argument("--save", default=None, help="directory to save a checkpoint to at the end (and every --save-every)")
     p.add_argument("--save-every", type=int, default=0, help="also save every N steps (default: only at the end)")
-    p.add_argument("--resume", default=None, help="directory of a checkpoint to resume from")
+    p.add_argument("--resume", default=None,
+                   help="directory of a checkpoint to resume from, saved at any number of ranks, "
+                        "--group-size, --layout and with or without --zero")
     p.add_argument("--auto-resume", action="store_true",
                    help="resume from --save DIR when it holds a checkpoint (for torchrun --max-restarts)")
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32",
@@ -73,7 +79,11 @@ def build_parser():
     p.add_argument("--fail-at-step", type=int, default=None,
                    help="fault injection for tests: --fail-rank exits abruptly before this step, "
                         "on the first attempt only")
-    p.add_argument("--fail-rank", type=int, default=1, help="the rank --fail-at-step kills (default: 1)")
+    p.add_argument("--fail-rank", type=int, default=1,
+                   help="the rank --fail-at-step kills; -1: whichever rank this process is (default: 1)")
+    p.add_argument("--fail-kills-agent", action="store_true",
+                   help="fault injection for tests: the failing rank kills its torchrun agent first, "
+                        "as a lost node would (the others then restart without it)")
     p.add_argument("--no-compare", action="store_true",
                    help="skip measuring the unsharded equivalent at the end")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (one line per step on rank 0)")
@@ -180,12 +190,16 @@ def make_backbone(kind, features):
 
 
 # ----------------------------------------------------------------------------- checkpoints
-def save_checkpoint(directory, step, model_parts, optimizer, scaler):
-    """Model: one portable file per part (collected full tensors, loadable at
-    any size). Optimizer, scaler and step: one file per rank (its own shards'
-    state). Everything goes to DIR/step-N/; DIR/LATEST names the newest complete
-    one and is replaced last, so a rank killed mid-save leaves the previous
-    checkpoint in charge."""
+def save_checkpoint(directory, step, model_parts, model, optimizer, scaler, scheduler):
+    """Everything is collected to rank 0 in the unsharded model's form, so
+    that the checkpoint resumes at any number of ranks and any layout:
+    one file per model part, optimizer.pt (the state the same optimizer over
+    the unsharded model would hold: momentum, Adam moments, steps, learning
+    rates; ZeroRedundancyOptimizer's too, consolidated) and trainer.pt (step,
+    which is the data position, LR schedule, GradScaler, every rank's RNG
+    state). Everything goes
+    to DIR/step-N/; DIR/LATEST names the newest complete one and is replaced
+    last, so a rank killed mid-save leaves the previous checkpoint in charge."""
     rank = ts.distributed.get_rank()
     version = os.path.join(directory, f"step-{step}")
     os.makedirs(version, exist_ok=True)
@@ -193,10 +207,20 @@ def save_checkpoint(directory, step, model_parts, optimizer, scaler):
         full = ts.collect_state_dict(module, module.state_dict(), dst=0)
         if rank == 0:
             _atomic_save(full, os.path.join(version, f"{name}.pt"))
-    state = {"step": step, "optimizer": _optimizer_state(optimizer),
-             "scaler": scaler.state_dict() if scaler is not None else None,
-             "world_size": ts.distributed.get_world_size()}
-    _atomic_save(state, os.path.join(version, f"rank{rank}.pt"))
+    full = ts.collect_optimizer_state_dict(model, optimizer, dst=0)
+    if rank == 0:
+        _atomic_save(full, os.path.join(version, "optimizer.pt"))
+    del full
+    rng = {"cpu": torch.get_rng_state(),
+           "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized() else None}
+    every_rng = [None] * ts.distributed.get_world_size()
+    dist.all_gather_object(every_rng, rng)
+    if rank == 0:
+        trainer = {"step": step, "world_size": ts.distributed.get_world_size(),
+                   "group_size": ts.distributed.get_group_size(),
+                   "scaler": scaler.state_dict() if scaler is not None else None,
+                   "scheduler": scheduler.state_dict(), "rng": every_rng}
+        _atomic_save(trainer, os.path.join(version, "trainer.pt"))
     dist.barrier()
     if rank == 0:
         latest = os.path.join(directory, "LATEST")
@@ -215,36 +239,50 @@ def latest_checkpoint(directory):
         return None
 
 
-def _optimizer_state(optimizer):
-    if hasattr(optimizer, "consolidate_state_dict"):  # ZeroRedundancyOptimizer keeps its own shard
-        return {"zero_local": optimizer.optim.state_dict()}
-    return optimizer.state_dict()
-
-
 def _atomic_save(obj, path):
     tmp = f"{path}.tmp{os.getpid()}"
     torch.save(obj, tmp)
     os.replace(tmp, path)
 
 
-def load_checkpoint(directory, model_parts, optimizer, scaler):
+def load_checkpoint(directory, model_parts, model, optimizer, scaler, scheduler, seed):
+    """Resumes from a checkpoint saved at any size: the model and the
+    optimizer state are cut into this run's shards (ts.relocate_state_dict,
+    ts.relocate_optimizer_state_dict), the schedule, scaler and step restored.
+    RNG: rank r takes rank r's saved state; ranks the saved run did not have
+    are seeded from (seed, step, rank), since no saved stream is theirs."""
     rank = ts.distributed.get_rank()
     directory = latest_checkpoint(directory) or directory
+    trainer = torch.load(os.path.join(directory, "trainer.pt"), weights_only=True)
     for name, module in model_parts.items():
         full = torch.load(os.path.join(directory, f"{name}.pt"), weights_only=True) if rank == 0 else None
         module.load_state_dict(ts.relocate_state_dict(module, full, src=0))
-    state = torch.load(os.path.join(directory, f"rank{rank}.pt"), weights_only=False)
-    if state["world_size"] != ts.distributed.get_world_size():
-        raise SystemExit(f"--resume: optimizer state was saved by {state['world_size']} ranks, this run has "
-                         f"{ts.distributed.get_world_size()}; the model alone loads at any size "
-                         f"(ts.relocate_state_dict), the optimizer state does not")
-    if "zero_local" in state["optimizer"]:
-        optimizer.optim.load_state_dict(state["optimizer"]["zero_local"])
+    full = torch.load(os.path.join(directory, "optimizer.pt"), weights_only=True) if rank == 0 else None
+    optimizer.load_state_dict(ts.relocate_optimizer_state_dict(model, optimizer, full, src=0))
+    del full
+    scheduler.load_state_dict(trainer["scheduler"])
+    if scaler is not None and trainer["scaler"] is not None:
+        scaler.load_state_dict(trainer["scaler"])
+    if rank < len(trainer["rng"]):
+        torch.set_rng_state(trainer["rng"][rank]["cpu"])
+        if trainer["rng"][rank]["cuda"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state(trainer["rng"][rank]["cuda"])
     else:
-        optimizer.load_state_dict(state["optimizer"])
-    if scaler is not None and state["scaler"] is not None:
-        scaler.load_state_dict(state["scaler"])
-    return state["step"]
+        torch.manual_seed(seed * 1_000_003 + trainer["step"] * 1009 + rank)
+    return trainer["step"]
+
+
+def make_scheduler(optimizer, args):
+    import math
+
+    def factor(step):
+        if step < args.warmup_steps:
+            return (step + 1) / args.warmup_steps
+        if args.lr_schedule == "cosine":
+            progress = (step - args.warmup_steps) / max(1, args.steps - args.warmup_steps)
+            return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+        return 1.0
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
 # ----------------------------------------------------------------------------- training
@@ -298,11 +336,13 @@ def main(argv=None):
         optimizer = torch.optim.SGD(params, lr=args.lr, momentum=args.momentum)
     amp_dtype = torch.bfloat16 if device.type == "cpu" else torch.float16
     scaler = torch.amp.GradScaler("cuda") if args.amp and device.type == "cuda" else None
+    scheduler = make_scheduler(optimizer, args)
 
     resume_from = args.resume
     if args.auto_resume and args.save and latest_checkpoint(args.save):
         resume_from = args.save
-    start_step = load_checkpoint(resume_from, model_parts, optimizer, scaler) if resume_from else 0
+    start_step = load_checkpoint(resume_from, model_parts, model, optimizer, scaler, scheduler,
+                                 args.seed) if resume_from else 0
     first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
 
     def train_step(step):
@@ -317,6 +357,7 @@ def main(argv=None):
             scaler.update()
         else:
             optimizer.step()
+        scheduler.step()
         with torch.no_grad():
             if args.fused_loss:  # the logits were never materialised: compute them for accuracy only
                 logits = head(logits)
@@ -331,7 +372,10 @@ def main(argv=None):
     peak = PeakMemory(device)
     with peak:
         for step in range(start_step, args.steps):
-            if args.fail_at_step == step and rank == args.fail_rank and first_attempt:
+            if args.fail_at_step == step and args.fail_rank in (rank, -1) and first_attempt:
+                if args.fail_kills_agent:
+                    import signal
+                    os.kill(os.getppid(), signal.SIGKILL)
                 os._exit(17)  # a rank dying mid-training, as a crash or a lost node would
             loss, correct, count = train_step(step)
             losses[step] = loss
@@ -344,11 +388,11 @@ def main(argv=None):
                 print(f"step {step + 1}/{args.steps} loss {loss:.4f} acc {correct / count:.3f} "
                       f"samples/s {rate:.0f}", flush=True)
             if args.save and args.save_every and (step + 1) % args.save_every == 0:
-                save_checkpoint(args.save, step + 1, model_parts, optimizer, scaler)
+                save_checkpoint(args.save, step + 1, model_parts, model, optimizer, scaler, scheduler)
     if progress:
         progress.close()
     if args.save:
-        save_checkpoint(args.save, args.steps, model_parts, optimizer, scaler)
+        save_checkpoint(args.save, args.steps, model_parts, model, optimizer, scaler, scheduler)
     if args.dump_params:
         full = {name: ts.collect_state_dict(module, module.state_dict(), dst=0)
                 for name, module in model_parts.items()}

@@ -14,6 +14,7 @@ checkpoints work on them, e.g.
 ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save(path, "m.pt")``
 writes the unsharded model's state dict.
 """
+import io
 from typing import Optional
 
 import torch
@@ -48,16 +49,90 @@ def dcp_state_dict(model: torch.nn.Module, state_dict: Optional[dict] = None) ->
     return wrapped
 
 
-def save_dcp(model: torch.nn.Module, checkpoint_id: str, state_dict: Optional[dict] = None) -> None:
+def _wrap(tensor: torch.Tensor, entry) -> object:
+    """A shard as a ShardedTensor that knows its place in the full tensor."""
+    offsets = [0] * tensor.dim()
+    offsets[entry.dim] = entry.slice_of(entry.group_rank)[0]
+    device = "cpu" if tensor.device.type == "cpu" else f"{tensor.device.type}:{tensor.device.index or 0}"
+    metadata = ShardMetadata(shard_offsets=offsets, shard_sizes=list(tensor.shape),
+                             placement=f"rank:{dist.get_rank()}/{device}")
+    return init_from_local_shards([Shard(tensor, metadata)], *entry.full_shape,
+                                  process_group=state.get_group(entry.group))
+
+
+def save_dcp(model: torch.nn.Module, checkpoint_id: str, state_dict: Optional[dict] = None,
+             optimizer: Optional[torch.optim.Optimizer] = None) -> None:
     """Saves ``model`` with torch.distributed.checkpoint under ``checkpoint_id``
-    (collective over the world)."""
-    dcp.save(dcp_state_dict(model, state_dict), checkpoint_id=checkpoint_id)
+    (collective over the world). With ``optimizer``, its state too: each state
+    tensor as ``optimizer/<parameter name>/<key>``, sharded like its parameter,
+    and the groups, names and scalar state as one object (``optimizer/__meta__``)."""
+    wrapped = dcp_state_dict(model, state_dict)
+    if optimizer is not None:
+        from .optimizer import DCP_META_KEY, dcp_optimizer_entries
+        layout = model_layout(model)
+        tensors, layouts, meta = dcp_optimizer_entries(model, optimizer, layout)
+        for key, tensor in tensors.items():
+            wrapped[key] = _wrap(tensor, layouts[key]) if layouts[key].sharded else tensor
+        # One opaque value: DCP would flatten a dict into one entry per leaf.
+        buffer = io.BytesIO()
+        torch.save(meta, buffer)
+        wrapped[DCP_META_KEY] = buffer.getvalue()
+    dcp.save(wrapped, checkpoint_id=checkpoint_id)
 
 
-def load_dcp(model: torch.nn.Module, checkpoint_id: str) -> None:
+def load_dcp(model: torch.nn.Module, checkpoint_id: str,
+             optimizer: Optional[torch.optim.Optimizer] = None) -> None:
     """Loads a DCP checkpoint (from save_dcp at any tensor-parallel size) into
-    ``model`` in place (collective over the world). DCP raises on missing keys
-    and on shape mismatches."""
+    ``model`` in place (collective over the world), and given ``optimizer``
+    its optimizer state (saved with save_dcp(..., optimizer=...)), checked
+    against the optimizer as relocate_optimizer_state_dict does. DCP raises
+    on missing keys and on shape mismatches."""
     state_dict = model.state_dict()
-    dcp.load(dcp_state_dict(model, state_dict), checkpoint_id=checkpoint_id)
+    wrapped = dcp_state_dict(model, state_dict)
+    optimizer_state = None
+    if optimizer is not None:
+        optimizer_state = _load_optimizer_dcp(model, optimizer, checkpoint_id)
+    dcp.load(wrapped, checkpoint_id=checkpoint_id)
     model.load_state_dict(state_dict)  # entries DCP replaced rather than filled in place
+    if optimizer_state is not None:
+        optimizer.load_state_dict(optimizer_state)
+
+
+def _load_optimizer_dcp(model, optimizer, checkpoint_id) -> dict:
+    import dataclasses
+
+    from .layout import EntryLayout
+    from .optimizer import DCP_META_KEY, dcp_optimizer_plan
+    box = {DCP_META_KEY: None}
+    metadata = dcp.FileSystemReader(checkpoint_id).read_metadata()
+    if DCP_META_KEY in metadata.state_dict_metadata:
+        dcp.load(box, checkpoint_id=checkpoint_id)
+    meta = box[DCP_META_KEY]
+    if isinstance(meta, (bytes, bytearray)):
+        meta = torch.load(io.BytesIO(meta), weights_only=True)
+    params, plan = dcp_optimizer_plan(model, optimizer, meta)
+    placeholders, results = {}, {}
+    for index, keys in plan["state"].items():
+        out = {}
+        for key, (kind, info) in keys.items():
+            if kind == "value":
+                out[key] = info
+                continue
+            dtype, shape = info
+            ek = plan["entry_keys"][index][key]
+            entry = params.entry(index)
+            if kind == "sharded":
+                entry = dataclasses.replace(entry, key=ek, dtype=dtype)
+                local = torch.empty(entry.local_shape, dtype=dtype, device=entry.device)
+                placeholders[ek] = _wrap(local, entry)
+            else:
+                local = torch.empty(shape, dtype=dtype, device=entry.device)
+                placeholders[ek] = local
+            out[key] = local
+        results[index] = out
+    dcp.load(placeholders, checkpoint_id=checkpoint_id)
+    for index, out in results.items():  # DCP may replace plain tensors rather than fill them
+        for key, (kind, _) in plan["state"][index].items():
+            if kind == "replicated":
+                out[key] = placeholders[plan["entry_keys"][index][key]]
+    return {"state": results, "param_groups": plan["param_groups"]}

@@ -37,10 +37,22 @@ def load_sharded_state_dict(model: torch.nn.Module, path: str) -> "OrderedDict[s
     return result
 
 
-def load_sharded(model: torch.nn.Module, path: str, strict: bool = True):
+def load_sharded(model: torch.nn.Module, path: str, strict: bool = True,
+                 optimizer: Optional[torch.optim.Optimizer] = None):
     """Loads the sharded checkpoint at ``path`` into ``model`` (see
-    load_sharded_state_dict); returns what ``model.load_state_dict`` returns."""
-    return model.load_state_dict(load_sharded_state_dict(model, path), strict=strict)
+    load_sharded_state_dict) and, given ``optimizer``, its optimizer state
+    (saved with save_sharded(..., optimizer=...), at any size; see
+    load_sharded_optimizer_state_dict); returns what ``model.load_state_dict``
+    returns. Everything is read and checked before anything is loaded."""
+    model_state = load_sharded_state_dict(model, path)
+    optimizer_state = None
+    if optimizer is not None:
+        from .optimizer import load_sharded_optimizer_state_dict
+        optimizer_state = load_sharded_optimizer_state_dict(model, optimizer, path, strict=strict)
+    result = model.load_state_dict(model_state, strict=strict)
+    if optimizer_state is not None:
+        optimizer.load_state_dict(optimizer_state)
+    return result
 
 
 def _check_on_rank0(path: str, layout: Dict[str, EntryLayout]):

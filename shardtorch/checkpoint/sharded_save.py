@@ -16,9 +16,14 @@ class SaveFailedError(RuntimeError):
     """A rank could not write its part; the save was not committed."""
 
 
-def save_sharded(model: torch.nn.Module, path: str, state_dict: Optional[dict] = None) -> str:
+def save_sharded(model: torch.nn.Module, path: str, state_dict: Optional[dict] = None,
+                 optimizer: Optional[torch.optim.Optimizer] = None) -> str:
     """Writes a sharded checkpoint of ``model`` (or of ``state_dict``, one of
     its state dicts) under the directory ``path``; returns the version written.
+    With ``optimizer`` (a torch optimizer over the model's parameters), its
+    state goes in the same version, each state tensor laid out like its
+    parameter, so that load_sharded(model, path, optimizer=...) restores it
+    at any size; the save commits both or neither.
 
     Collective: every rank of the world calls it with the same ``path`` on a
     file system all ranks share. The ranks of the first tensor-parallel group
@@ -32,6 +37,13 @@ def save_sharded(model: torch.nn.Module, path: str, state_dict: Optional[dict] =
     """
     state_dict = model.state_dict() if state_dict is None else state_dict
     layout = model_layout(model, state_dict)
+    optimizer_meta, optimizer_keys = None, ()
+    if optimizer is not None:
+        from .optimizer import sharded_optimizer_entries
+        tensors, optimizer_layout, optimizer_meta = sharded_optimizer_entries(model, optimizer, layout)
+        optimizer_keys = list(optimizer_layout)
+        state_dict = {**state_dict, **tensors}
+        layout = {**layout, **optimizer_layout}
     rank = state.get_rank()
     version = _agree_on_version()
     directory = os.path.join(path, version)
@@ -40,6 +52,9 @@ def save_sharded(model: torch.nn.Module, path: str, state_dict: Optional[dict] =
     try:
         os.makedirs(directory, exist_ok=True)
         mine, report["records"] = _entries_this_rank_writes(state_dict, layout, file_name)
+        if optimizer_meta is not None and rank == 0:
+            from .optimizer import OPTIMIZER_META_KEY
+            mine[OPTIMIZER_META_KEY] = optimizer_meta  # groups, names and scalar state (step)
         if mine:
             fmt.write_atomically(os.path.join(directory, file_name), lambda f: torch.save(mine, f))
             report["file"] = {"name": file_name,
@@ -57,7 +72,8 @@ def save_sharded(model: torch.nn.Module, path: str, state_dict: Optional[dict] =
     commit_error = None
     if rank == 0:
         try:
-            _commit(path, directory, version, _index(layout, reports))
+            _commit(path, directory, version, _index(layout, reports, optimizer_keys,
+                                                    optimizer_meta is not None))
         except Exception as e:  # noqa: BLE001 - every rank raises it below
             commit_error = f"save_sharded: committing {directory} failed: {type(e).__name__}: {e}"
     box = [commit_error]
@@ -113,7 +129,7 @@ def _entries_this_rank_writes(state_dict, layout: Dict[str, EntryLayout], file_n
     return mine, records
 
 
-def _index(layout: Dict[str, EntryLayout], reports) -> dict:
+def _index(layout: Dict[str, EntryLayout], reports, optimizer_keys=(), with_optimizer=False) -> dict:
     entries = {key: {"shape": list(e.full_shape), "dtype": str(e.dtype).replace("torch.", ""),
                      "dim": e.dim, "group_size": e.group_size, "shards": []}
                for key, e in layout.items()}
@@ -124,9 +140,15 @@ def _index(layout: Dict[str, EntryLayout], reports) -> dict:
         for record in report["records"]:
             entries[record["key"]]["shards"].append(
                 {"file": record["file"], "offsets": record["offsets"], "shape": record["shape"]})
-    return {"format": fmt.FORMAT, "format_version": fmt.FORMAT_VERSION,
-            "tensor_parallel_size": state.get_group_size(state.TENSOR_PARALLEL),
-            "world_size": state.get_world_size(), "files": files, "entries": entries}
+    index = {"format": fmt.FORMAT, "format_version": fmt.FORMAT_VERSION,
+             "tensor_parallel_size": state.get_group_size(state.TENSOR_PARALLEL),
+             "world_size": state.get_world_size(), "files": files, "entries": entries}
+    if with_optimizer:
+        # Apart from the model's entries, so that a model-only load sees exactly the model.
+        from .optimizer import OPTIMIZER_META_KEY
+        index["optimizer"] = {"file": fmt.rank_file_name(0), "key": OPTIMIZER_META_KEY,
+                              "entries": {k: entries.pop(k) for k in optimizer_keys}}
+    return index
 
 
 def _commit(path: str, directory: str, version: str, index: dict) -> None:
