@@ -14,6 +14,7 @@ import torch.distributed as dist
 import shardtorch as ts
 from tests.distributed.optimizer_models import (FRESH_SEED, K_STEPS, M_STEPS, OPTIMIZERS, SAVED_SEED, build,
                                                 make_optimizer, max_error, reference, train)
+from tests.reference import expect_error
 
 TOLERANCE = 1e-12
 
@@ -112,15 +113,7 @@ def case_load_3():
 
 
 # ------------------------------------------------------------------ wrong or partial state
-def _expect_error(fn, *fragments):
-    try:
-        fn()
-    except Exception as e:  # noqa: BLE001
-        message = str(e)
-        for fragment in fragments:
-            assert fragment in message, f"{fragment!r} not in error: {message}"
-        return message
-    raise AssertionError(f"rank {dist.get_rank()}: no error; expected one mentioning {fragments}")
+
 
 
 def case_wrong_optimizer_state_fails_on_every_rank():
@@ -140,46 +133,46 @@ def case_wrong_optimizer_state_fails_on_every_rank():
     sgd_model = build(False, SAVED_SEED)
     sgd = make_optimizer("sgd_momentum", sgd_model)
     train(sgd_model, sgd, range(1))
-    _expect_error(lambda: relocate(sgd.state_dict()), "another optimizer class", "missing ['amsgrad'")
+    expect_error(lambda: relocate(sgd.state_dict()), "another optimizer class", "missing ['amsgrad'")
     rms = make_optimizer("rmsprop", model)
-    _expect_error(lambda: ts.relocate_optimizer_state_dict(model, rms, on_src(good), src=src),
+    expect_error(lambda: ts.relocate_optimizer_state_dict(model, rms, on_src(good), src=src),
                   "another optimizer class", "centered")
     # AdamW's state into Adam: same keys, another variant.
     adamw_model = build(False, SAVED_SEED)
     adamw = make_optimizer("adamw", adamw_model)
-    _expect_error(lambda: relocate(adamw.state_dict()), "decoupled_weight_decay=True in the state")
+    expect_error(lambda: relocate(adamw.state_dict()), "decoupled_weight_decay=True in the state")
     # A missing parameter, by name (collected state) and by position (plain state).
     collected = ts.collect_optimizer_state_dict(model, make_optimizer("adam", model), dst=src)
     named = {"state": {}, "param_groups": [dict(g) for g in (collected or good)["param_groups"]]}
     if collected is not None:
         named["param_groups"][1]["param_names"] = named["param_groups"][1]["param_names"][1:]
         named["param_groups"][1]["params"] = named["param_groups"][1]["params"][1:]
-        _expect_error(lambda: relocate(named), "missing parameter 'up.weight'")
+        expect_error(lambda: relocate(named), "missing parameter 'up.weight'")
     else:
-        _expect_error(lambda: relocate(None), "missing parameter 'up.weight'")
+        expect_error(lambda: relocate(None), "missing parameter 'up.weight'")
     short = {"state": good["state"], "param_groups": [dict(g) for g in good["param_groups"]]}
     short["param_groups"][0]["params"] = short["param_groups"][0]["params"][:-1]
-    _expect_error(lambda: relocate(short), "group 0 has 2 parameters in the state but 3 here", "'head.weight'")
+    expect_error(lambda: relocate(short), "group 0 has 2 parameters in the state but 3 here", "'head.weight'")
     # Other param_groups: one group instead of two.
     merged = {"state": good["state"], "param_groups": [dict(good["param_groups"][0])]}
     merged["param_groups"][0]["params"] = [i for g in good["param_groups"] for i in g["params"]]
-    _expect_error(lambda: relocate(merged), "1 parameter group(s), this Adam has 2")
+    expect_error(lambda: relocate(merged), "1 parameter group(s), this Adam has 2")
     # Partial state: one parameter's state gone, or one of its tensors.
     partial = {"state": dict(good["state"]), "param_groups": good["param_groups"]}
     del partial["state"][3]   # up.weight
-    _expect_error(lambda: relocate(partial), "parameter 'up.weight' has no state", "partial")
+    expect_error(lambda: relocate(partial), "parameter 'up.weight' has no state", "partial")
     partial["state"] = dict(good["state"])
     partial["state"][3] = {k: v for k, v in good["state"][3].items() if k != "exp_avg_sq"}
-    _expect_error(lambda: relocate(partial), "'up.weight' has state", "missing ['exp_avg_sq']")
+    expect_error(lambda: relocate(partial), "'up.weight' has state", "missing ['exp_avg_sq']")
     # A state tensor of the wrong full shape.
     misshapen = {"state": dict(good["state"]), "param_groups": good["param_groups"]}
     misshapen["state"][3] = dict(good["state"][3], exp_avg=torch.zeros(11, 5, dtype=torch.float64))
-    _expect_error(lambda: relocate(misshapen), "'up.weight' state 'exp_avg' has shape (11, 5)", "(11, 6)")
-    _expect_error(lambda: relocate({"model": 1}), "must pass an optimizer state dict")
-    _expect_error(lambda: ts.relocate_optimizer_state_dict(model, optimizer, good, src=99), "src must be")
+    expect_error(lambda: relocate(misshapen), "'up.weight' state 'exp_avg' has shape (11, 5)", "(11, 6)")
+    expect_error(lambda: relocate({"model": 1}), "must pass an optimizer state dict")
+    expect_error(lambda: ts.relocate_optimizer_state_dict(model, optimizer, good, src=99), "src must be")
     # An optimizer over parameters that are not the model's.
     stranger = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
-    _expect_error(lambda: ts.collect_optimizer_state_dict(model, stranger), "not the model's")
+    expect_error(lambda: ts.collect_optimizer_state_dict(model, stranger), "not the model's")
     # Still in step: a good one loads and equals the plain optimizer's state.
     optimizer.load_state_dict(relocate(good))
     full = ts.collect_optimizer_state_dict(model, optimizer)
@@ -195,7 +188,7 @@ def case_collect_refuses_disagreeing_ranks():
     train(model, optimizer, range(1))
     if dist.get_rank() == 1:
         del optimizer.state[model.up.weight]["momentum_buffer"]
-    _expect_error(lambda: ts.collect_optimizer_state_dict(model, optimizer),
+    expect_error(lambda: ts.collect_optimizer_state_dict(model, optimizer),
                   "parameter 'up.weight' has state [] on rank 1, ['momentum_buffer'] on rank 0")
 
 
@@ -212,7 +205,7 @@ def case_replicas_that_disagree_are_named_under_debug():
     ts.collect_optimizer_state_dict(model, optimizer, dst=0)  # not compared: rank 0's is taken
     os.environ["SHARDTORCH_DEBUG"] = "1"
     try:
-        _expect_error(lambda: ts.collect_optimizer_state_dict(model, optimizer, dst=0),
+        expect_error(lambda: ts.collect_optimizer_state_dict(model, optimizer, dst=0),
                       "parameter 'norm.weight' state ['momentum_buffer'] differs between rank 0 and rank 1",
                       "replicas must agree")
     finally:
@@ -249,10 +242,10 @@ def case_load_after_killed_save():
     # A checkpoint without optimizer state is refused for an optimizer, with that reason.
     plain_path = _dir(f"model-only-{_tag()}")
     ts.save_sharded(model, plain_path)
-    _expect_error(lambda: ts.load_sharded(model, plain_path, optimizer=optimizer), "holds no optimizer state")
+    expect_error(lambda: ts.load_sharded(model, plain_path, optimizer=optimizer), "holds no optimizer state")
     # Another optimizer class is refused from a sharded checkpoint too, on every rank.
     sgd = make_optimizer("sgd_momentum", model)
-    _expect_error(lambda: ts.load_sharded(model, _dir("killed"), optimizer=sgd),
+    expect_error(lambda: ts.load_sharded(model, _dir("killed"), optimizer=sgd),
                   "the checkpoint holds Adam state, this optimizer is a SGD")
 
 
@@ -331,6 +324,6 @@ def case_load_dcp_with_optimizer_2x2():
         train(model, optimizer, range(K_STEPS, K_STEPS + M_STEPS))
         _check_against_reference(model, optimizer, kind, K_STEPS + M_STEPS, f"load_dcp-2x2-to-{_tag()}")
     model = build(True, FRESH_SEED)
-    _expect_error(lambda: ts.checkpoint.load_dcp(model, _dir("dcp-adam-2x2"),
+    expect_error(lambda: ts.checkpoint.load_dcp(model, _dir("dcp-adam-2x2"),
                                                  optimizer=make_optimizer("sgd_momentum", model)),
                   "the checkpoint holds Adam state, this optimizer is a SGD")
