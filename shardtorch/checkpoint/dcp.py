@@ -99,10 +99,7 @@ def load_dcp(model: torch.nn.Module, checkpoint_id: str,
 
 
 def _load_optimizer_dcp(model, optimizer, checkpoint_id) -> dict:
-    import dataclasses
-
-    from .layout import EntryLayout
-    from .optimizer import DCP_META_KEY, dcp_optimizer_plan
+    from .optimizer import DCP_META_KEY, _load_entry, dcp_optimizer_plan
     box = {DCP_META_KEY: None}
     metadata = dcp.FileSystemReader(checkpoint_id).read_metadata()
     if DCP_META_KEY in metadata.state_dict_metadata:
@@ -118,16 +115,9 @@ def _load_optimizer_dcp(model, optimizer, checkpoint_id) -> dict:
             if kind == "value":
                 out[key] = info
                 continue
-            dtype, shape = info
-            ek = plan["entry_keys"][index][key]
-            entry = params.entry(index)
-            if kind == "sharded":
-                entry = dataclasses.replace(entry, key=ek, dtype=dtype)
-                local = torch.empty(entry.local_shape, dtype=dtype, device=entry.device)
-                placeholders[ek] = _wrap(local, entry)
-            else:
-                local = torch.empty(shape, dtype=dtype, device=entry.device)
-                placeholders[ek] = local
+            entry = _load_entry(params, plan, index, key, (kind, info))
+            local = torch.empty(entry.local_shape, dtype=entry.dtype, device=entry.device)
+            placeholders[entry.key] = _wrap(local, entry) if entry.sharded else local
             out[key] = local
         results[index] = out
     dcp.load(placeholders, checkpoint_id=checkpoint_id)

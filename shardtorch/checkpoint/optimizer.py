@@ -18,7 +18,7 @@ identical across ranks under SHARDTORCH_DEBUG=1).
 import dataclasses
 import hashlib
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -176,6 +176,50 @@ def _agree(problem: Optional[str], what: str) -> None:
     bad = [(rank, v) for rank, v in enumerate(verdicts) if v]
     if bad:
         raise OptimizerStateMismatchError(f"{what}: " + "; ".join(f"rank {r}: {v}" for r, v in bad))
+
+
+def _checked_params(model: torch.nn.Module, optimizer: torch.optim.Optimizer, what: str) -> _Params:
+    """The optimizer's parameters with their layout, once every rank knows
+    that each of them is the model's (collective)."""
+    _check_optimizer_kind(optimizer, what)
+    params = _Params(model, optimizer, what)
+    _agree("the optimizer holds parameters that are not the model's: " + ", ".join(params.unknown)
+           if params.unknown else None, what)
+    params.read_layout(model)
+    return params
+
+
+def _plan_on_one_rank(src: int, make_plan, describe_error, message_prefix: str):
+    """``make_plan()`` on rank ``src`` (a plan, or a string saying what is
+    wrong), broadcast: every rank returns the plan or raises the same
+    OptimizerStateMismatchError ``message_prefix + what is wrong``."""
+    plan = None
+    if state.get_rank() == src:
+        try:
+            plan = make_plan()
+        except Exception as e:  # noqa: BLE001 - every rank raises it below
+            plan = describe_error(e)
+    box = [plan]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(box, src=src)
+    if isinstance(box[0], str):
+        raise OptimizerStateMismatchError(message_prefix + box[0])
+    return box[0]
+
+
+def _typed(error: Exception) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+def _load_entry(params: _Params, plan: dict, index: int, key, info) -> EntryLayout:
+    """Where state ``key`` of parameter ``index`` lands on this rank when
+    loading a saved checkpoint: sharded like its parameter, or whole."""
+    kind, (dtype, shape) = info
+    entry_key = plan["entry_keys"][index][key]
+    entry = params.entry(index)
+    if kind == "sharded":
+        return dataclasses.replace(entry, key=entry_key, dtype=dtype)
+    return EntryLayout(entry_key, shape, shape, dtype, entry.device)
 
 
 # ---------------------------------------------------------------------------- collect
@@ -346,24 +390,10 @@ def relocate_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim
     world = state.get_world_size()
     if not (isinstance(src, int) and 0 <= src < world):
         raise ValueError(f"{what}: src must be a global rank in [0, {world}), got {src!r}")
-    _check_optimizer_kind(optimizer, what)
-    params = _Params(model, optimizer, what)
-    _agree("the optimizer holds parameters that are not the model's: " + ", ".join(params.unknown)
-           if params.unknown else None, what)
-    params.read_layout(model)
+    params = _checked_params(model, optimizer, what)
     rank = state.get_rank()
-    plan = None
-    if rank == src:
-        try:
-            plan = _plan_on_src(params, optimizer, state_dict, strict)
-        except Exception as e:  # noqa: BLE001 - every rank raises it below
-            plan = f"{type(e).__name__}: {e}"
-    box = [plan]
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.broadcast_object_list(box, src=src)
-    plan = box[0]
-    if isinstance(plan, str):
-        raise OptimizerStateMismatchError(f"{what}: {plan}")
+    plan = _plan_on_one_rank(src, lambda: _plan_on_src(params, optimizer, state_dict, strict), _typed,
+                             f"{what}: ")
 
     result_state: Dict[int, dict] = {}
     for index in range(len(params.params)):
@@ -594,37 +624,27 @@ def load_sharded_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.o
     from .sharded_load import _assemble
 
     what = "load_sharded"
-    _check_optimizer_kind(optimizer, what)
-    params = _Params(model, optimizer, what)
-    _agree("the optimizer holds parameters that are not the model's: " + ", ".join(params.unknown)
-           if params.unknown else None, what)
-    params.read_layout(model)
-    plan = None
-    if state.get_rank() == 0:
-        try:
-            directory = fmt.committed_version(path)
-            index = fmt.read_index(directory)
-            fmt.check_files(directory, index)
-            if "optimizer" not in index:
-                raise fmt.CheckpointFormatError(
-                    f"{directory} holds no optimizer state (saved without save_sharded(..., optimizer=...))")
-            section = index["optimizer"]
-            contents = torch.load(os.path.join(directory, section["file"]), map_location="cpu", mmap=True,
-                                  weights_only=True)
-            meta = contents[section["key"]]
-            plan = _plan_from_meta(params, optimizer, meta, section["entries"], strict)
-            if not isinstance(plan, str):
-                plan["directory"] = directory
-                plan["entries"] = {ek: section["entries"][ek] for keys in plan["entry_keys"].values()
-                                   for ek in keys.values()}
-        except Exception as e:  # noqa: BLE001 - every rank raises it below
-            plan = str(e).replace("load_sharded: ", "", 1)
-    box = [plan]
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.broadcast_object_list(box, src=0)
-    plan = box[0]
-    if isinstance(plan, str):
-        raise OptimizerStateMismatchError(f"{what}: optimizer state: {plan}")
+    params = _checked_params(model, optimizer, what)
+
+    def make_plan():
+        directory = fmt.committed_version(path)
+        index = fmt.read_index(directory)
+        fmt.check_files(directory, index)
+        if "optimizer" not in index:
+            raise fmt.CheckpointFormatError(
+                f"{directory} holds no optimizer state (saved without save_sharded(..., optimizer=...))")
+        section = index["optimizer"]
+        contents = torch.load(os.path.join(directory, section["file"]), map_location="cpu", mmap=True,
+                              weights_only=True)
+        plan = _plan_from_meta(params, optimizer, contents[section["key"]], section["entries"], strict)
+        if not isinstance(plan, str):
+            plan["directory"] = directory
+            plan["entries"] = {ek: section["entries"][ek] for keys in plan["entry_keys"].values()
+                               for ek in keys.values()}
+        return plan
+
+    plan = _plan_on_one_rank(0, make_plan, lambda e: str(e).replace("load_sharded: ", "", 1),
+                             f"{what}: optimizer state: ")
     files: Dict[str, dict] = {}
     result_state: Dict[int, dict] = {}
     for index, keys in plan["state"].items():
@@ -633,14 +653,8 @@ def load_sharded_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.o
             if kind == "value":
                 out[key] = info
                 continue
-            dtype, shape = info
-            ek = plan["entry_keys"][index][key]
-            entry = params.entry(index)
-            if kind == "sharded":
-                entry = dataclasses.replace(entry, key=ek, dtype=dtype)
-            else:
-                entry = EntryLayout(ek, shape, shape, dtype, entry.device)
-            out[key] = _assemble(entry, plan["entries"][ek], plan["directory"], files)
+            entry = _load_entry(params, plan, index, key, (kind, info))
+            out[key] = _assemble(entry, plan["entries"][entry.key], plan["directory"], files)
         result_state[index] = out
     return {"state": result_state, "param_groups": plan["param_groups"]}
 
@@ -662,23 +676,11 @@ def dcp_optimizer_plan(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     """(params, plan) for loading a DCP checkpoint's optimizer state: every
     rank read the same ``meta``; rank 0's verdict decides for all."""
     what = "load_dcp"
-    _check_optimizer_kind(optimizer, what)
-    params = _Params(model, optimizer, what)
-    _agree("the optimizer holds parameters that are not the model's: " + ", ".join(params.unknown)
-           if params.unknown else None, what)
-    params.read_layout(model)
-    plan = None
-    if state.get_rank() == 0:
+    params = _checked_params(model, optimizer, what)
+
+    def make_plan():
         if meta is None:
-            plan = "the checkpoint holds no optimizer state (saved without save_dcp(..., optimizer=...))"
-        else:
-            try:
-                plan = _plan_from_meta(params, optimizer, meta, meta["shapes"], strict)
-            except Exception as e:  # noqa: BLE001 - every rank raises it below
-                plan = f"{type(e).__name__}: {e}"
-    box = [plan]
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.broadcast_object_list(box, src=0)
-    if isinstance(box[0], str):
-        raise OptimizerStateMismatchError(f"{what}: optimizer state: {box[0]}")
-    return params, box[0]
+            return "the checkpoint holds no optimizer state (saved without save_dcp(..., optimizer=...))"
+        return _plan_from_meta(params, optimizer, meta, meta["shapes"], strict)
+
+    return params, _plan_on_one_rank(0, make_plan, _typed, f"{what}: optimizer state: ")
