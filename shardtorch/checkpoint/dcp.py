@@ -99,7 +99,7 @@ def load_dcp(model: torch.nn.Module, checkpoint_id: str,
 
 
 def _load_optimizer_dcp(model, optimizer, checkpoint_id) -> dict:
-    from .optimizer import DCP_META_KEY, _load_entry, dcp_optimizer_plan
+    from .optimizer import DCP_META_KEY, _load_state, dcp_optimizer_plan
     box = {DCP_META_KEY: None}
     metadata = dcp.FileSystemReader(checkpoint_id).read_metadata()
     if DCP_META_KEY in metadata.state_dict_metadata:
@@ -108,18 +108,14 @@ def _load_optimizer_dcp(model, optimizer, checkpoint_id) -> dict:
     if isinstance(meta, (bytes, bytearray)):
         meta = torch.load(io.BytesIO(meta), weights_only=True)
     params, plan = dcp_optimizer_plan(model, optimizer, meta)
-    placeholders, results = {}, {}
-    for index, keys in plan["state"].items():
-        out = {}
-        for key, (kind, info) in keys.items():
-            if kind == "value":
-                out[key] = info
-                continue
-            entry = _load_entry(params, plan, index, key, (kind, info))
-            local = torch.empty(entry.local_shape, dtype=entry.dtype, device=entry.device)
-            placeholders[entry.key] = _wrap(local, entry) if entry.sharded else local
-            out[key] = local
-        results[index] = out
+    placeholders = {}
+
+    def placeholder(entry):
+        local = torch.empty(entry.local_shape, dtype=entry.dtype, device=entry.device)
+        placeholders[entry.key] = _wrap(local, entry) if entry.sharded else local
+        return local
+
+    results = _load_state(params, plan, placeholder)
     dcp.load(placeholders, checkpoint_id=checkpoint_id)
     for index, out in results.items():  # DCP may replace plain tensors rather than fill them
         for key, (kind, _) in plan["state"][index].items():

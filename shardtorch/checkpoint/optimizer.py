@@ -211,15 +211,28 @@ def _typed(error: Exception) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-def _load_entry(params: _Params, plan: dict, index: int, key, info) -> EntryLayout:
-    """Where state ``key`` of parameter ``index`` lands on this rank when
-    loading a saved checkpoint: sharded like its parameter, or whole."""
-    kind, (dtype, shape) = info
-    entry_key = plan["entry_keys"][index][key]
-    entry = params.entry(index)
-    if kind == "sharded":
-        return dataclasses.replace(entry, key=entry_key, dtype=dtype)
-    return EntryLayout(entry_key, shape, shape, dtype, entry.device)
+def _load_state(params: _Params, plan: dict, load_tensor) -> Dict[int, dict]:
+    """The ``state`` of a loaded optimizer state dict: plain values from the
+    plan, and each tensor from ``load_tensor(entry)``, where ``entry`` says
+    where it lands on this rank (sharded like its parameter, or whole) and its
+    ``key`` names it in the checkpoint."""
+    result: Dict[int, dict] = {}
+    for index, keys in plan["state"].items():
+        out = {}
+        for key, (kind, info) in keys.items():
+            if kind == "value":
+                out[key] = info
+                continue
+            dtype, shape = info
+            entry_key = plan["entry_keys"][index][key]
+            entry = params.entry(index)
+            if kind == "sharded":
+                entry = dataclasses.replace(entry, key=entry_key, dtype=dtype)
+            else:
+                entry = EntryLayout(entry_key, shape, shape, dtype, entry.device)
+            out[key] = load_tensor(entry)
+        result[index] = out
+    return result
 
 
 # ---------------------------------------------------------------------------- collect
@@ -646,16 +659,8 @@ def load_sharded_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.o
     plan = _plan_on_one_rank(0, make_plan, lambda e: str(e).replace("load_sharded: ", "", 1),
                              f"{what}: optimizer state: ")
     files: Dict[str, dict] = {}
-    result_state: Dict[int, dict] = {}
-    for index, keys in plan["state"].items():
-        out = {}
-        for key, (kind, info) in keys.items():
-            if kind == "value":
-                out[key] = info
-                continue
-            entry = _load_entry(params, plan, index, key, (kind, info))
-            out[key] = _assemble(entry, plan["entries"][entry.key], plan["directory"], files)
-        result_state[index] = out
+    result_state = _load_state(params, plan, lambda entry: _assemble(entry, plan["entries"][entry.key],
+                                                                     plan["directory"], files))
     return {"state": result_state, "param_groups": plan["param_groups"]}
 
 

@@ -12,7 +12,7 @@ from torch import nn
 
 import shardtorch as ts
 from shardtorch.checkpoint import sharded_format
-from tests.distributed.checkpoint_models import assert_state_equal, build
+from tests.distributed.checkpoint_models import assert_state_equal, build, die_after_writing_shard_file
 from tests.reference import expect_error
 
 SAVED_SEED, FRESH_SEED = 11, 22
@@ -236,14 +236,7 @@ def case_save_then_die_midway():
     cleanup, no exception handling) right after writing its shard file."""
     path = _dir("killed")
     ts.save_sharded(build(True, SAVED_SEED), path)
-    writer = sharded_format.write_atomically
-
-    def dies_after_shard_file(target, write):
-        writer(target, write)
-        if os.path.basename(target).startswith("rank-"):
-            os._exit(17)
-
-    sharded_format.write_atomically = dies_after_shard_file
+    die_after_writing_shard_file()
     ts.save_sharded(build(True, FRESH_SEED), path)
 
 

@@ -14,6 +14,7 @@ import torch.distributed as dist
 import shardtorch as ts
 from tests.distributed.optimizer_models import (FRESH_SEED, K_STEPS, M_STEPS, OPTIMIZERS, SAVED_SEED, build,
                                                 make_optimizer, max_error, reference, train)
+from tests.distributed.checkpoint_models import die_after_writing_shard_file
 from tests.reference import expect_error
 
 TOLERANCE = 1e-12
@@ -56,18 +57,26 @@ def _check_against_reference(model, optimizer, kind, steps, what):
 
 
 # ------------------------------------------------------------------ saving at size A
+def _train_check_and_save(model, optimizer, kind, what, name):
+    """K_STEPS of training checked against the reference, then saved both
+    ways: collected (full-<name>.pt, rank 0) and sharded (sharded-<name>).
+    Returns what the two collects returned on this rank."""
+    train(model, optimizer, range(K_STEPS))
+    _check_against_reference(model, optimizer, kind, K_STEPS, what)
+    full = {"model": ts.collect_state_dict(model, model.state_dict(), dst=0),
+            "optimizer": ts.collect_optimizer_state_dict(model, optimizer, dst=0)}
+    if dist.get_rank() == 0:
+        torch.save(full, _dir(f"full-{name}.pt"))
+    ts.save_sharded(model, _dir(f"sharded-{name}"), optimizer=optimizer)
+    return full
+
+
 def case_train_check_and_save():
     tag = _tag()
     for kind in OPTIMIZERS:
         model = build(True, SAVED_SEED)
         optimizer = make_optimizer(kind, model)
-        train(model, optimizer, range(K_STEPS))
-        _check_against_reference(model, optimizer, kind, K_STEPS, f"trained-at-{tag}")
-        full = {"model": ts.collect_state_dict(model, model.state_dict(), dst=0),
-                "optimizer": ts.collect_optimizer_state_dict(model, optimizer, dst=0)}
-        if dist.get_rank() == 0:
-            torch.save(full, _dir(f"full-{kind}-{tag}.pt"))
-        ts.save_sharded(model, _dir(f"sharded-{kind}-{tag}"), optimizer=optimizer)
+        _train_check_and_save(model, optimizer, kind, f"trained-at-{tag}", f"{kind}-{tag}")
 
 
 # ------------------------------------------------------------------ loading at size B
@@ -216,21 +225,13 @@ def case_replicas_that_disagree_are_named_under_debug():
 def case_save_with_optimizer_then_die_midway():
     """Saves model and optimizer state, then starts another save and dies
     (os._exit: no cleanup) right after writing its shard file."""
-    from shardtorch.checkpoint import sharded_format
     path = _dir("killed")
     model = build(True, SAVED_SEED)
     optimizer = make_optimizer("adam", model)
     train(model, optimizer, range(K_STEPS))
     ts.save_sharded(model, path, optimizer=optimizer)
     train(model, optimizer, range(K_STEPS, K_STEPS + 1))
-    writer = sharded_format.write_atomically
-
-    def dies_after_shard_file(target, write):
-        writer(target, write)
-        if os.path.basename(target).startswith("rank-"):
-            os._exit(17)
-
-    sharded_format.write_atomically = dies_after_shard_file
+    die_after_writing_shard_file()
     ts.save_sharded(model, path, optimizer=optimizer)
 
 
@@ -276,13 +277,7 @@ def case_zero_train_check_save_and_reload():
     for kind in ZERO_KINDS:
         model = build(True, SAVED_SEED)
         zero = _make_zero(kind, model)
-        train(model, zero, range(K_STEPS))
-        _check_against_reference(model, zero, kind, K_STEPS, f"zero-trained-at-{tag}")
-        full = {"model": ts.collect_state_dict(model, model.state_dict(), dst=0),
-                "optimizer": ts.collect_optimizer_state_dict(model, zero, dst=0)}
-        if dist.get_rank() == 0:
-            torch.save(full, _dir(f"full-zero-{kind}-{tag}.pt"))
-        ts.save_sharded(model, _dir(f"sharded-zero-{kind}-{tag}"), optimizer=zero)
+        full = _train_check_and_save(model, zero, kind, f"zero-trained-at-{tag}", f"zero-{kind}-{tag}")
         full = full if dist.get_rank() == 0 else None
 
         model = build(True, FRESH_SEED)

@@ -2,10 +2,13 @@
 from the same seed: sharded embeddings (both dims), column- and row-parallel
 linears with uneven splits (out_features 7 and 11), replicated parameters and
 buffers (LayerNorm, BatchNorm), nested modules."""
+import os
+
 import torch
 from torch import nn
 
 import shardtorch as ts
+from shardtorch.checkpoint import sharded_format
 
 VOCAB, WIDTH, HIDDEN, OUT = 13, 6, 11, 7
 
@@ -63,3 +66,17 @@ def assert_state_equal(actual: dict, expected: dict, what: str) -> None:
         a, e = actual[key], expected[key]
         assert a.shape == e.shape and a.dtype == e.dtype, f"{what}: {key} {a.shape}/{a.dtype} != {e.shape}/{e.dtype}"
         assert torch.equal(a, e), f"{what}: {key} differs"
+
+
+def die_after_writing_shard_file() -> None:
+    """Makes this rank's next save_sharded end the process (no cleanup, no
+    exception handling) right after it has written its shard file: a save
+    killed midway."""
+    writer = sharded_format.write_atomically
+
+    def dies_after_shard_file(target, write):
+        writer(target, write)
+        if os.path.basename(target).startswith("rank-"):
+            os._exit(17)
+
+    sharded_format.write_atomically = dies_after_shard_file
