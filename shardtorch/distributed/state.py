@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _C
+from .elastic_store import elastic_store
 
 TENSOR_PARALLEL = "tp"
 DATA_PARALLEL = "dp"
@@ -31,18 +32,6 @@ _state: Optional[_State] = None
 
 def _default_backend() -> str:
     return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
-
-
-def _elastic_store(timeout: datetime.timedelta):
-    """Under torchrun (its agent serves the store), a store whose keys are
-    scoped to this restart attempt: after a restart the workers must not read
-    the previous attempt's rendezvous keys (the dead ranks' addresses)."""
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    if restart is None or os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
-        return None
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                          int(os.environ["WORLD_SIZE"]), is_master=False, timeout=timeout)
-    return dist.PrefixStore(f"shardtorch/attempt_{restart}", store)
 
 
 def _indivisible(world: int, group_size: int) -> ValueError:
@@ -81,7 +70,7 @@ def init_process_group(group_size: int = 1, backend: Optional[str] = None,
         world_env = os.environ.get("WORLD_SIZE", "")
         if world_env.isdigit() and int(world_env) % group_size != 0:
             raise _indivisible(int(world_env), group_size)
-        store = _elastic_store(timeout)
+        store = elastic_store(timeout)
         if store is not None:
             dist.init_process_group(backend=backend or _default_backend(), store=store,
                                     rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
