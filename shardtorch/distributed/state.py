@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _C
+from .device_mesh import DeviceMesh, groups_from_mesh, mesh_from_groups
 from .elastic_store import elastic_store
 
 TENSOR_PARALLEL = "tp"
@@ -25,6 +26,9 @@ class _State:
     groups: Dict[str, dist.ProcessGroup] = field(default_factory=dict)
     ranks: Dict[str, List[int]] = field(default_factory=dict)
     owns_default_group: bool = False
+    # False when the groups came from the user's DeviceMesh: not ours to destroy.
+    owns_groups: bool = True
+    mesh: Optional[DeviceMesh] = None
 
 
 _state: Optional[_State] = None
@@ -38,8 +42,8 @@ def _indivisible(world: int, group_size: int) -> ValueError:
     return ValueError(f"init_process_group: group_size must divide the world size {world}, got {group_size}")
 
 
-def init_process_group(group_size: int = 1, backend: Optional[str] = None,
-                       timeout: Optional[datetime.timedelta] = None) -> None:
+def init_process_group(group_size: Optional[int] = None, backend: Optional[str] = None,
+                       timeout: Optional[datetime.timedelta] = None, mesh: Optional[DeviceMesh] = None) -> None:
     """Creates the tensor-parallel and data-parallel groups.
 
     Works when torch.distributed is already initialised; otherwise initialises
@@ -48,15 +52,27 @@ def init_process_group(group_size: int = 1, backend: Optional[str] = None,
     ``group_size=2`` the groups are {0, 1} and {2, 3}, the data-parallel groups
     {0, 2} and {1, 3}.
 
+    With ``mesh`` (a 2-D DeviceMesh with dims "dp" and "tp", such as
+    ``init_device_mesh("cuda", (dp, tp), mesh_dim_names=("dp", "tp"))``),
+    shardtorch uses the mesh's own process groups: "tp" as the
+    tensor-parallel group, "dp" as the data-parallel group (no second set of
+    communicators). Its tensor-parallel groups must be consecutive ranks.
+
     Args:
-        group_size: ranks per tensor-parallel group; must divide the world size.
+        group_size: ranks per tensor-parallel group; must divide the world size
+            (default 1, or the mesh's "tp" size).
         backend: torch.distributed backend when this call initialises it
             (default "gloo", or "cpu:gloo,cuda:nccl" when CUDA is available).
             CUDA tensors in shard ops always use NCCL directly.
         timeout: how long a collective may wait for a peer before failing
             (default 300 s, or SHARDTORCH_TIMEOUT seconds).
+        mesh: an existing DeviceMesh to take the groups from.
     """
     global _state
+    if mesh is not None:
+        _init_from_mesh(mesh, group_size)
+        return
+    group_size = 1 if group_size is None else group_size
     if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1:
         raise ValueError(f"init_process_group: group_size must be a positive int, got {group_size!r}")
     if timeout is not None and not isinstance(timeout, datetime.timedelta):
@@ -108,6 +124,44 @@ def init_process_group(group_size: int = 1, backend: Optional[str] = None,
     _state = state
 
 
+def _init_from_mesh(mesh: DeviceMesh, group_size: Optional[int]) -> None:
+    global _state
+    if not dist.is_initialized():
+        raise RuntimeError("init_process_group(mesh=...): torch.distributed is not initialised; a DeviceMesh "
+                           "needs it (init_device_mesh brings it up)")
+    world, rank = dist.get_world_size(), dist.get_rank()
+    tp, tp_group, tp_ranks, dp_group, dp_ranks = groups_from_mesh(mesh, world, rank)
+    if group_size is not None and group_size != tp:
+        raise ValueError(f"init_process_group: group_size {group_size} differs from the mesh's 'tp' size {tp}")
+    owns = _state is not None and _state.owns_default_group
+    if _state is not None:
+        destroy_process_group(keep_torch_distributed=True)
+    state = _State(topology=_C.TensorParallelTopology(world, rank, tp), owns_default_group=owns,
+                   owns_groups=False, mesh=mesh)
+    state.groups[TENSOR_PARALLEL], state.ranks[TENSOR_PARALLEL] = tp_group, tp_ranks
+    state.groups[DATA_PARALLEL], state.ranks[DATA_PARALLEL] = dp_group, dp_ranks
+    state.groups[WORLD], state.ranks[WORLD] = dist.group.WORLD, list(range(world))
+    for name, group in state.groups.items():
+        _C.register_group(name, group.group_name, state.ranks[name])
+    _state = state
+
+
+def device_mesh(device_type: Optional[str] = None) -> DeviceMesh:
+    """torch's DeviceMesh with dims ("dp", "tp") over shardtorch's own
+    data-parallel and tensor-parallel process groups, for fully_shard and
+    DTensor (the mesh given to init_process_group, if one was).
+
+    Args:
+        device_type: "cuda" or "cpu" (default: "cuda" when available).
+    """
+    state = _require("device_mesh")
+    device_type = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
+    if state.mesh is None or state.mesh.device_type != device_type:
+        state.mesh = mesh_from_groups(state.groups[DATA_PARALLEL], state.groups[TENSOR_PARALLEL],
+                                      len(state.ranks[WORLD]), len(state.ranks[TENSOR_PARALLEL]), device_type)
+    return state.mesh
+
+
 def destroy_process_group(keep_torch_distributed: bool = False) -> None:
     """Forgets shardtorch's groups; also tears torch.distributed down when
     init_process_group brought it up (unless keep_torch_distributed)."""
@@ -116,7 +170,7 @@ def destroy_process_group(keep_torch_distributed: bool = False) -> None:
         return
     _C.clear_groups()
     for name, group in _state.groups.items():
-        if name != WORLD and dist.is_initialized():
+        if name != WORLD and _state.owns_groups and dist.is_initialized():
             try:
                 dist.destroy_process_group(group)
             except Exception:  # noqa: BLE001 - best effort while shutting down
