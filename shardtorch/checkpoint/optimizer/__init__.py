@@ -6,7 +6,8 @@ the same optimizer over the unsharded model holds: ``optimizer.state_dict()``'s
 ``{"state": {index: {...}}, "param_groups": [...]}``, every per-parameter
 tensor shaped like the full parameter, plus torch's own ``param_names`` in each
 group (the unsharded model's parameter names), so a plain single-process torch
-program loads it with ``torch.optim.X(model.parameters()).load_state_dict``.
+program loads it with ``torch.optim.X(model.parameters()).load_state_dict``;
+or, asked for, torch.distributed.checkpoint.state_dict's FQN-keyed form.
 
 Which state is sharded follows from the parameter's layout (layout.py, read
 from the layer that owns it): a state tensor shaped like a sharded parameter's
@@ -16,6 +17,7 @@ raises. State of replicated parameters is taken from one replica (checked
 identical across ranks under SHARDTORCH_DEBUG=1).
 
 - params.py: the optimizer's parameters, their names and layout; state kinds.
+- forms.py: integer-id keyed and FQN keyed state dicts, one into the other.
 - checks.py: the checks every call makes on every rank, and the error.
 - local.py: this rank's state (ZeRO consolidated), agreed on by every rank.
 - plan.py: a full state checked against this optimizer; the one loading loop.

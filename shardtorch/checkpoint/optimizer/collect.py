@@ -8,12 +8,14 @@ import torch
 from ...distributed import state
 from ..collect import _gather_everywhere, _gather_to
 from .checks import check_optimizer_kind
+from .forms import fqn_keyed
 from .local import local_and_agreed, tensor_parallel_group_of
 from .params import OptimizerParams
 
 
 def collect_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                                 dst: Optional[int] = None) -> Optional[dict]:
+                                 dst: Optional[int] = None, *, fqn_keys: bool = False,
+                                 state_dict: Optional[dict] = None) -> Optional[dict]:
     """The state dict the same optimizer over the unsharded model would hold.
 
     Args:
@@ -23,10 +25,19 @@ def collect_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim.
             over the model's parameters (all of them or some).
         dst: None: every rank receives the result. A global rank: only ``dst``
             does (gathered from its tensor-parallel group; other ranks return None).
+        fqn_keys: False: keyed like ``optimizer.state_dict()`` (integer ids).
+            True: keyed like torch.distributed.checkpoint.state_dict's
+            get_optimizer_state_dict (``state`` by parameter FQN, FQN lists in
+            ``params``), which its set_optimizer_state_dict loads into the
+            unsharded model's optimizer.
+        state_dict: this rank's optimizer state dict to collect instead of
+            ``optimizer.state_dict()``, keyed either way (e.g. what
+            ``get_optimizer_state_dict(model, optimizer)`` returns for the
+            sharded model: FQN-keyed shards). Not for a ZeroRedundancyOptimizer.
 
     Returns ``{"state", "param_groups"}`` keyed like ``optimizer.state_dict()``,
     each group carrying ``param_names`` (the unsharded model's names), ready for
-    ``torch.optim.X(plain_model.parameters()).load_state_dict``.
+    ``torch.optim.X(plain_model.parameters()).load_state_dict``; or the FQN form.
 
     Collective over the world. Before any tensor moves, every rank's optimizer
     is compared (groups, names, state keys and kinds): a difference raises
@@ -41,7 +52,7 @@ def collect_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim.
     params = OptimizerParams(model, optimizer)
     params.read_layout(model)
     local, description = local_and_agreed(optimizer, params, None if dst is None else tensor_parallel_group_of(dst),
-                                          what)
+                                          what, given=state_dict)
     rank = state.get_rank()
     receives = dst is None or rank == dst
     if local is None:  # a ZeroRedundancyOptimizer's rank outside dst's tensor-parallel group
@@ -65,4 +76,5 @@ def collect_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim.
             collected[index] = out
     if not receives:
         return None
-    return {"state": collected, "param_groups": params.named_groups(local["param_groups"], with_indices=True)}
+    result = {"state": collected, "param_groups": params.named_groups(local["param_groups"], with_indices=True)}
+    return fqn_keyed(result) if fqn_keys else result

@@ -1,13 +1,16 @@
 """This rank's optimizer state, read once and agreed on by every rank.
 
 A ZeroRedundancyOptimizer's state is spread over its data-parallel group and
-is consolidated first; any other optimizer's is its ``state_dict()``."""
+is consolidated first; any other optimizer's is its ``state_dict()``, or the
+state dict the caller passes (e.g. torch.distributed.checkpoint.state_dict's
+get_optimizer_state_dict, keyed by FQN)."""
 from typing import List, Optional
 
 import torch.distributed as dist
 
 from ...distributed import state
-from .checks import compare_descriptions, describe, agree
+from .checks import agree, compare_descriptions, describe
+from .forms import StateDictFormError, flattened_hint, indexed, is_fqn_keyed
 from .params import OptimizerParams, is_zero
 
 
@@ -32,11 +35,47 @@ def _local_state(optimizer, receivers: Optional[List[int]]) -> Optional[dict]:
     return mine
 
 
-def local_and_agreed(optimizer, params: OptimizerParams, receivers: Optional[List[int]], what: str):
+def _given_state(params: OptimizerParams, given) -> tuple:
+    """(the caller's state dict keyed by this optimizer's indices, or None;
+    what is wrong with it, or None)."""
+    if not isinstance(given, dict) or "state" not in given or "param_groups" not in given:
+        return None, (f"state_dict must be this rank's optimizer state dict (a dict with 'state' and "
+                      f"'param_groups'), got {type(given).__name__}{flattened_hint(given)}")
+    try:
+        by_name = is_fqn_keyed(given)
+        local = indexed(given)
+    except StateDictFormError as e:
+        return None, f"state_dict: {e}"
+    if len(local["param_groups"]) != len(params.groups):
+        return None, (f"state_dict has {len(local['param_groups'])} parameter group(s), "
+                      f"the optimizer has {len(params.groups)}")
+    problems = []
+    for g, (group, indices) in enumerate(zip(local["param_groups"], params.groups)):
+        mine = [params.names[i] for i in indices]
+        if by_name and group["param_names"] != mine:
+            problems.append(f"group {g} of state_dict names parameters {group['param_names']}, "
+                            f"the optimizer holds {mine}")
+        elif list(group["params"]) != list(indices):
+            problems.append(f"group {g} of state_dict lists ids {list(group['params'])}, "
+                            f"the optimizer's state_dict() lists {list(indices)}")
+    return (None, "; ".join(problems)) if problems else (local, None)
+
+
+def local_and_agreed(optimizer, params: OptimizerParams, receivers: Optional[List[int]], what: str,
+                     given: Optional[dict] = None):
     """This rank's state (None where it takes no part) and its description,
-    after every rank has compared every rank's (collective)."""
+    after every rank has compared every rank's (collective). ``given``: the
+    state dict to use instead of ``optimizer.state_dict()`` (either keying)."""
     problem = None
-    local = _local_state(optimizer, receivers)
+    if given is not None:
+        if is_zero(optimizer):
+            problem = ("state_dict cannot stand for a ZeroRedundancyOptimizer's state, which is spread "
+                       "over its ranks; pass state_dict=None")
+            local = None
+        else:
+            local, problem = _given_state(params, given)
+    else:
+        local = _local_state(optimizer, receivers)
     description = None
     if local is not None:
         description, problem = describe(params, local)

@@ -10,6 +10,7 @@ import torch
 from ...distributed import state
 from ..layout import EntryLayout
 from ..verify import strip_ddp_prefix
+from .forms import StateDictFormError, flattened_hint, indexed
 from .params import PARAM_KEYS, OptimizerParams, class_name, is_zero
 
 #: State keys torch's optimizers keep per parameter: (always, only under some
@@ -31,15 +32,21 @@ _VARIANT_FLAGS = ("decoupled_weight_decay", "nesterov", "amsgrad", "centered")
 def plan_from_full_state(params: OptimizerParams, optimizer, state_dict, strict: bool):
     """What every rank receives for each of this optimizer's parameters, or an
     error message naming what differs. ``state_dict``: the full state, keyed
-    by integer ids (optimizer.state_dict(), collect_optimizer_state_dict).
+    by integer ids (optimizer.state_dict(), collect_optimizer_state_dict) or by
+    FQN (torch.distributed.checkpoint.state_dict's form).
 
     The plan: ``state`` {index: {key: ("value", v) | (kind, (dtype, full shape))}},
     ``param_groups`` (what ``load_state_dict`` takes) and ``saved_index``
-    {index: the key of its state in ``state_dict``}."""
+    {index: the key of its state in ``indexed(state_dict)``}."""
     if not isinstance(state_dict, dict) or "state" not in state_dict or "param_groups" not in state_dict:
         return (f"src rank {state.get_rank()} must pass an optimizer state dict (a dict with 'state' and "
                 f"'param_groups'), got {type(state_dict).__name__}"
-                + (f" with keys {sorted(map(str, state_dict))}" if isinstance(state_dict, dict) else ""))
+                + (f" with keys {sorted(map(str, state_dict))}" if isinstance(state_dict, dict) else "")
+                + flattened_hint(state_dict))
+    try:
+        state_dict = indexed(state_dict)
+    except StateDictFormError as e:
+        return f"the optimizer state dict is malformed: {e}"
     saved_groups = state_dict["param_groups"]
     current = optimizer.param_groups
     cls = class_name(optimizer)
