@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from ...distributed import state
 from ..verify import CheckpointMismatchError, agree_on_problems, broadcast_verdict
-from .params import OptimizerParams, is_zero, state_kind
+from .params import OptimizerParams, hyperparameters, is_zero, state_kind
 
 
 class OptimizerStateMismatchError(CheckpointMismatchError):
@@ -81,7 +81,7 @@ def describe(params: OptimizerParams, local: dict) -> Tuple[dict, Optional[str]]
     kinds (and, under SHARDTORCH_DEBUG, digests of replicated state), with
     this rank's problems (None: none)."""
     problems = [p for p in [unknown_params_problem(params)] if p]
-    groups = [{"keys": sorted(k for k in g if k not in ("params", "param_names")),
+    groups = [{"keys": sorted(hyperparameters(g)),
                "names": [params.names[i] for i in indices]}
               for g, indices in zip(local["param_groups"], params.groups)]
     per_param = {}

@@ -83,9 +83,10 @@ class OptimizerParams:
 
 
 def state_kind(value, param: torch.Tensor, entry: Optional[EntryLayout]) -> Optional[str]:
-    """"value" (0-d tensor or non-tensor: kept as one), "replicated",
-    "sharded" (shaped like a sharded parameter's shard), or None: a tensor of
-    a sharded parameter that is neither, which cannot be classified."""
+    """How one state value of ``param`` travels: "value" (a 0-d tensor or a
+    non-tensor, kept as one), "replicated", "sharded" (shaped like a sharded
+    parameter's shard), or None: a tensor of a sharded parameter that is
+    neither, which cannot be classified."""
     if not torch.is_tensor(value) or value.dim() == 0:
         return "value"
     if entry is None or not entry.sharded:
