@@ -191,6 +191,9 @@ def case_wrong_optimizer_state_fails_on_every_rank():
     mixed = {"state": fqn["state"], "param_groups": [dict(g) for g in fqn["param_groups"]]}
     mixed["param_groups"][0]["params"] = [0] + mixed["param_groups"][0]["params"][1:]
     expect_error(lambda: relocate(mixed), "group 0 lists both parameter names", "and integer ids [0]")
+    twice = {"state": fqn["state"], "param_groups": [dict(g) for g in fqn["param_groups"]]}
+    twice["param_groups"][0]["params"] = twice["param_groups"][0]["params"] + ["up.weight"]
+    expect_error(lambda: relocate(twice), "parameter 'up.weight' is listed twice in the param_groups")
     stray = {"state": {**fqn["state"], "nope.weight": fqn["state"]["up.weight"]}, "param_groups": fqn["param_groups"]}
     expect_error(lambda: relocate(stray), "state for parameter(s) ['nope.weight'] that no parameter group lists")
     flat = get_optimizer_state_dict(adam_model, plain_adam,
