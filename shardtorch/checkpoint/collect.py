@@ -7,7 +7,7 @@ import torch.distributed as dist
 
 from ..distributed import state
 from .layout import EntryLayout, model_layout
-from .verify import CheckpointMismatchError
+from .verify import agree_on_problems, strip_ddp_prefix
 
 
 def collect_state_dict(model: torch.nn.Module, state_dict: dict,
@@ -59,28 +59,15 @@ def _check_against_model(model: torch.nn.Module, state_dict: dict) -> None:
     """Every rank compares its state dict with its model (keys, local shapes)
     and all of them learn every rank's verdict before any tensor moves, so a
     mismatch on one rank is an error on all, never a wrong gather or a hang."""
-    def plain(key):  # DDP's "module." prefix may be on either side
-        while key.startswith("module."):
-            key = key[len("module."):]
-        return key
-
-    expected = {plain(key): tuple(value.shape) for key, value in model.state_dict().items()
+    expected = {strip_ddp_prefix(key): tuple(value.shape) for key, value in model.state_dict().items()
                 if torch.is_tensor(value)}
-    given = {plain(key): value for key, value in state_dict.items() if torch.is_tensor(value)}
+    given = {strip_ddp_prefix(key): value for key, value in state_dict.items() if torch.is_tensor(value)}
     problems = [f"missing key {key!r}" for key in expected if key not in given]
     problems += [f"unexpected key {key!r}" for key in given if key not in expected]
     problems += [f"{key!r} has shape {tuple(value.shape)}, this rank's model holds {expected[key]}"
                  for key, value in given.items() if key in expected and tuple(value.shape) != expected[key]]
-    mine = "; ".join(problems) or None
-    verdicts = [None] * state.get_world_size()
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_gather_object(verdicts, mine)
-    else:
-        verdicts = [mine]
-    bad = [(rank, verdict) for rank, verdict in enumerate(verdicts) if verdict]
-    if bad:
-        raise CheckpointMismatchError("collect_state_dict: the state dict does not match the model: " +
-                                      "; ".join(f"rank {rank}: {verdict}" for rank, verdict in bad))
+    agree_on_problems("; ".join(problems) or None,
+                      "collect_state_dict: the state dict does not match the model: ")
 
 
 def _gather_everywhere(tensor: torch.Tensor, entry: EntryLayout) -> torch.Tensor:

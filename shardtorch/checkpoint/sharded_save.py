@@ -10,6 +10,7 @@ import torch.distributed as dist
 from ..distributed import state
 from . import sharded_format as fmt
 from .layout import EntryLayout, model_layout
+from .optimizer.sharded import OPTIMIZER_META_KEY, sharded_optimizer_entries
 
 
 class SaveFailedError(RuntimeError):
@@ -39,7 +40,6 @@ def save_sharded(model: torch.nn.Module, path: str, state_dict: Optional[dict] =
     layout = model_layout(model, state_dict)
     optimizer_meta, optimizer_keys = None, ()
     if optimizer is not None:
-        from .optimizer import sharded_optimizer_entries
         tensors, optimizer_layout, optimizer_meta = sharded_optimizer_entries(model, optimizer, layout)
         optimizer_keys = list(optimizer_layout)
         state_dict = {**state_dict, **tensors}
@@ -53,7 +53,6 @@ def save_sharded(model: torch.nn.Module, path: str, state_dict: Optional[dict] =
         os.makedirs(directory, exist_ok=True)
         mine, report["records"] = _entries_this_rank_writes(state_dict, layout, file_name)
         if optimizer_meta is not None and rank == 0:
-            from .optimizer import OPTIMIZER_META_KEY
             mine[OPTIMIZER_META_KEY] = optimizer_meta  # groups, names and scalar state (step)
         if mine:
             fmt.write_atomically(os.path.join(directory, file_name), lambda f: torch.save(mine, f))
@@ -145,7 +144,6 @@ def _index(layout: Dict[str, EntryLayout], reports, optimizer_keys=(), with_opti
              "world_size": state.get_world_size(), "files": files, "entries": entries}
     if with_optimizer:
         # Apart from the model's entries, so that a model-only load sees exactly the model.
-        from .optimizer import OPTIMIZER_META_KEY
         index["optimizer"] = {"file": fmt.rank_file_name(0), "key": OPTIMIZER_META_KEY,
                               "entries": {k: entries.pop(k) for k in optimizer_keys}}
     return index

@@ -4,7 +4,7 @@ The rank that holds the checkpoint decides and broadcasts its verdict, so that
 every rank raises the same error (naming the keys) instead of some ranks
 waiting forever for tensors that will never come.
 """
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Type
 
 import torch
 import torch.distributed as dist
@@ -16,6 +16,13 @@ DDP_PREFIX = "module."
 
 class CheckpointMismatchError(RuntimeError):
     """The checkpoint does not fit the model: missing, unexpected or misshapen entries."""
+
+
+def strip_ddp_prefix(name: str) -> str:
+    """A parameter's name as the unwrapped model spells it (DDP adds "module.")."""
+    while name.startswith(DDP_PREFIX):
+        name = name[len(DDP_PREFIX):]
+    return name
 
 
 def match_ddp_prefix(checkpoint: dict, model_keys: List[str]) -> dict:
@@ -50,16 +57,31 @@ def mismatches(shapes: Dict[str, tuple], layout: Dict[str, EntryLayout]) -> List
     return problems
 
 
-def broadcast_verdict(verdict: Optional[object], src: int, what: str) -> object:
+def broadcast_verdict(verdict: Optional[object], src: int, what: str,
+                      error: Type[Exception] = CheckpointMismatchError) -> object:
     """Sends ``verdict`` (an error message, or a payload) from ``src`` to every
-    rank; raises CheckpointMismatchError everywhere when it is an error."""
+    rank; raises ``error`` everywhere when it is an error."""
     box = [verdict]
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.broadcast_object_list(box, src=src)
     verdict = box[0]
     if isinstance(verdict, str):
-        raise CheckpointMismatchError(f"{what}: {verdict}")
+        raise error(f"{what}: {verdict}")
     return verdict
+
+
+def agree_on_problems(problem: Optional[str], prefix: str,
+                      error: Type[Exception] = CheckpointMismatchError) -> None:
+    """Every rank learns every rank's problem (None: none) and raises ``error``
+    (``prefix`` + each rank's problem) when any rank has one, so that a
+    mismatch on one rank is an error on all, never a wrong transfer or a hang."""
+    verdicts = [problem]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        verdicts = [None] * dist.get_world_size()
+        dist.all_gather_object(verdicts, problem)
+    bad = [(rank, verdict) for rank, verdict in enumerate(verdicts) if verdict]
+    if bad:
+        raise error(prefix + "; ".join(f"rank {rank}: {verdict}" for rank, verdict in bad))
 
 
 def shapes_of(checkpoint: dict) -> Dict[str, tuple]:

@@ -10,6 +10,8 @@ import os
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict, get_state_dict,
+                                                     set_optimizer_state_dict)
 
 import shardtorch as ts
 from tests.distributed.optimizer_models import (FRESH_SEED, K_STEPS, M_STEPS, OPTIMIZERS, SAVED_SEED, build,
@@ -179,6 +181,30 @@ def case_wrong_optimizer_state_fails_on_every_rank():
     expect_error(lambda: relocate(misshapen), "'up.weight' state 'exp_avg' has shape (11, 5)", "(11, 6)")
     expect_error(lambda: relocate({"model": 1}), "must pass an optimizer state dict")
     expect_error(lambda: ts.relocate_optimizer_state_dict(model, optimizer, good, src=99), "src must be")
+    # torch.distributed.checkpoint.state_dict's FQN-keyed form: other names, ids mixed with names, flattened.
+    fqn = get_optimizer_state_dict(adam_model, plain_adam)
+    rename = lambda n: "up.weights" if n == "up.weight" else n  # noqa: E731
+    renamed = {"state": {rename(k): v for k, v in fqn["state"].items()},
+               "param_groups": [dict(g, params=[rename(n) for n in g["params"]]) for g in fqn["param_groups"]]}
+    expect_error(lambda: relocate(renamed), "missing parameter 'up.weight'",
+                 "unexpected parameter 'up.weights' that this optimizer does not hold")
+    mixed = {"state": fqn["state"], "param_groups": [dict(g) for g in fqn["param_groups"]]}
+    mixed["param_groups"][0]["params"] = [0] + mixed["param_groups"][0]["params"][1:]
+    expect_error(lambda: relocate(mixed), "group 0 lists both parameter names", "and integer ids [0]")
+    twice = {"state": fqn["state"], "param_groups": [dict(g) for g in fqn["param_groups"]]}
+    twice["param_groups"][0]["params"] = twice["param_groups"][0]["params"] + ["up.weight"]
+    expect_error(lambda: relocate(twice), "parameter 'up.weight' is listed twice in the param_groups")
+    stray = {"state": {**fqn["state"], "nope.weight": fqn["state"]["up.weight"]}, "param_groups": fqn["param_groups"]}
+    expect_error(lambda: relocate(stray), "state for parameter(s) ['nope.weight'] that no parameter group lists")
+    flat = get_optimizer_state_dict(adam_model, plain_adam,
+                                    options=StateDictOptions(flatten_optimizer_state_dict=True))
+    expect_error(lambda: relocate(flat), "must pass an optimizer state dict", "torch's flattened form")
+    # collect's state_dict= (this rank's state, FQN-keyed) naming the parameters in another order.
+    local = get_optimizer_state_dict(model, make_optimizer("adam", model))
+    swapped = {"state": local["state"], "param_groups": [dict(g) for g in local["param_groups"]]}
+    swapped["param_groups"][1]["params"] = swapped["param_groups"][1]["params"][::-1]
+    expect_error(lambda: ts.collect_optimizer_state_dict(model, optimizer, state_dict=swapped),
+                 "group 1 of state_dict names parameters ['norm.bias'", "the optimizer holds ['up.weight'")
     # An optimizer over parameters that are not the model's.
     stranger = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
     expect_error(lambda: ts.collect_optimizer_state_dict(model, stranger), "not the model's")
@@ -322,3 +348,54 @@ def case_load_dcp_with_optimizer_2x2():
     expect_error(lambda: ts.checkpoint.load_dcp(model, _dir("dcp-adam-2x2"),
                                                  optimizer=make_optimizer("sgd_momentum", model)),
                   "the checkpoint holds Adam state, this optimizer is a SGD")
+
+
+# ------------------------------------------------------------------ torch.distributed.checkpoint.state_dict
+def case_torch_fqn_state_round_trip():
+    """torch.distributed.checkpoint.state_dict's FQN-keyed form, both ways.
+    Out: collected here with fqn_keys=True it equals get_optimizer_state_dict
+    of the unsharded reference, and single-process torch's
+    set_optimizer_state_dict loads it into a plain optimizer that continues as
+    the uninterrupted run. In: get_state_dict of the unsharded reference
+    relocates here (loaded through set_optimizer_state_dict) and continues as
+    the uninterrupted run. And get_optimizer_state_dict of this sharded model
+    (this rank's shards, FQN-keyed) collects to the same full state."""
+    tag, src = _tag(), dist.get_world_size() - 1
+    for kind in OPTIMIZERS:
+        model = build(True, SAVED_SEED)
+        optimizer = make_optimizer(kind, model)
+        train(model, optimizer, range(K_STEPS))
+        ref_model, ref_optimizer = reference(kind, K_STEPS)
+        ref_model_sd, ref_fqn = get_state_dict(ref_model, ref_optimizer)
+        # this rank's shards as torch names them, collected: exactly the optimizer's own collect
+        local = get_optimizer_state_dict(model, optimizer)
+        assert all(isinstance(k, str) for k in local["state"]), list(local["state"])
+        from_local = ts.collect_optimizer_state_dict(model, optimizer, state_dict=local)
+        assert max_error(from_local, ts.collect_optimizer_state_dict(model, optimizer), f"{kind} from local") == 0.0
+        # out: collected FQN-keyed -> plain single-process torch
+        full_model = ts.collect_state_dict(model, model.state_dict(), dst=0)
+        collected = ts.collect_optimizer_state_dict(model, optimizer, dst=0, fqn_keys=True)
+        if dist.get_rank() == 0:
+            assert sorted(collected["state"]) == sorted(ref_fqn["state"]), sorted(collected["state"])
+            out_error = max_error(collected, ref_fqn, f"{kind} fqn_keys vs torch's form")
+            plain = build(False, FRESH_SEED)
+            plain_optimizer = make_optimizer(kind, plain)
+            plain.load_state_dict(full_model)
+            set_optimizer_state_dict(plain, plain_optimizer, collected)
+            train(plain, plain_optimizer, range(K_STEPS, K_STEPS + M_STEPS))
+            end_model, end_optimizer = reference(kind, K_STEPS + M_STEPS)
+            _record(f"fqn-collected-at-{tag}-to-plain-torch", kind,
+                    max_error(plain.state_dict(), end_model.state_dict(), f"{kind} plain model"),
+                    max(out_error, max_error(plain_optimizer.state_dict(), end_optimizer.state_dict(),
+                                             f"{kind} plain optimizer")))
+        else:
+            assert collected is None
+        # in: torch's form of the unsharded reference -> this size
+        model = build(True, FRESH_SEED)
+        optimizer = make_optimizer(kind, model)
+        on_src = dist.get_rank() == src
+        model.load_state_dict(ts.relocate_state_dict(model, ref_model_sd if on_src else None, src=src))
+        relocated = ts.relocate_optimizer_state_dict(model, optimizer, ref_fqn if on_src else None, src=src)
+        set_optimizer_state_dict(model, optimizer, relocated)
+        train(model, optimizer, range(K_STEPS, K_STEPS + M_STEPS))
+        _check_against_reference(model, optimizer, kind, K_STEPS + M_STEPS, f"torch-fqn-relocated-to-{tag}")

@@ -2,8 +2,10 @@
 more; every parameter and state tensor equal to the uninterrupted unsharded
 float64 run within 1e-12 (cases_optimizer_state.py). Phases run in file order,
 each loading what the previous one saved: 1 -> 2 -> 4 -> 2x2 -> 3 -> 1 (and a save
-killed midway at 1, loaded at 2); then
-the collected state continues in a plain single-process torch optimizer."""
+killed midway at 1, loaded at 2); at 2 and 3, torch.distributed.checkpoint.
+state_dict's FQN-keyed form goes out to and comes in from single-process torch
+(case_torch_fqn_state_round_trip); then the collected state continues in a
+plain single-process torch optimizer."""
 import glob
 import json
 import os
@@ -24,12 +26,13 @@ PHASES = {
     # Saves model and optimizer state, then dies (os._exit(17)) in the middle of a second save.
     "killed_save": (1, 1, ["case_save_with_optimizer_then_die_midway"]),
     "size2_from1": (2, 2, ["case_load_1", "case_train_check_and_save", "case_load_after_killed_save",
-                           "case_replicas_that_disagree_are_named_under_debug"] + ERRORS),
+                           "case_replicas_that_disagree_are_named_under_debug", "case_torch_fqn_state_round_trip"]
+                    + ERRORS),
     "size4_from2": (4, 4, ["case_load_2", "case_train_check_and_save"] + ERRORS),
     "2x2_from4": (4, 2, ["case_load_4", "case_load_1", "case_train_check_and_save",
                          "case_zero_train_check_save_and_reload", "case_save_dcp_with_optimizer"]),
     "size3_from2x2": (3, 3, ["case_load_2x2", "case_load_zero_2x2", "case_load_dcp_with_optimizer_2x2",
-                             "case_train_check_and_save"]),
+                             "case_train_check_and_save", "case_torch_fqn_state_round_trip"]),
     "size1_from3": (1, 1, ["case_load_3", "case_load_2x2"]),
 }
 
