@@ -108,3 +108,6 @@ def parallel_linear_cross_entropy(input: torch.Tensor, weight: torch.Tensor,
     return torch.ops.shard.parallel_linear_cross_entropy(
         input, weight, bias, target, class_weight, ignore_index, float(label_smoothing),
         float(z_loss), code, int(chunk_size), group, num_classes)
+
+
+from .topk import parallel_linear_topk, parallel_topk  # noqa: E402,F401  (evaluation over sharded classes)
