@@ -351,6 +351,15 @@ def main(argv=None):
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast(device.type, dtype=amp_dtype, enabled=args.amp):
             loss, logits, labels = model(images, labels)
+        # Accuracy of this forward (before the step changes the classifier), top-k
+        # over the sharded classes: the logits are never gathered.
+        with torch.no_grad():
+            k = min(5, num_classes)
+            if args.fused_loss:  # the logits were never materialised: score the classifier chunk by chunk
+                _, top = ts.nn.functional.parallel_linear_topk(logits, head.weight, head.bias, k=k)
+            else:
+                _, top = ts.nn.functional.parallel_topk(logits, k)
+            hits = top == labels.unsqueeze(-1)
         (scaler.scale(loss) if scaler else loss).backward()
         if scaler:
             scaler.step(optimizer)
@@ -358,11 +367,7 @@ def main(argv=None):
         else:
             optimizer.step()
         scheduler.step()
-        with torch.no_grad():
-            if args.fused_loss:  # the logits were never materialised: compute them for accuracy only
-                logits = head(logits)
-            correct = parallel_top1_correct(logits.float(), labels, head._out_range[0])
-        return loss.item(), correct, labels.numel()
+        return loss.item(), (hits[:, 0].sum().item(), hits.any(-1).sum().item()), labels.numel()
 
     progress = None
     if rank == 0 and not args.no_progress:
@@ -377,15 +382,16 @@ def main(argv=None):
                     import signal
                     os.kill(os.getppid(), signal.SIGKILL)
                 os._exit(17)  # a rank dying mid-training, as a crash or a lost node would
-            loss, correct, count = train_step(step)
+            loss, (correct, correct5), count = train_step(step)
             losses[step] = loss
             seen += args.batch_size * (world if args.layout == "hybrid" else replicas)
             rate = seen / (time.perf_counter() - t0)
             if progress:
-                progress.set_postfix(loss=f"{loss:.3f}", acc=f"{correct / count:.2f}", samples_s=f"{rate:.0f}")
+                progress.set_postfix(loss=f"{loss:.3f}", acc=f"{correct / count:.2f}", top5=f"{correct5 / count:.2f}",
+                                     samples_s=f"{rate:.0f}")
                 progress.update(1)
             elif rank == 0:
-                print(f"step {step + 1}/{args.steps} loss {loss:.4f} acc {correct / count:.3f} "
+                print(f"step {step + 1}/{args.steps} loss {loss:.4f} acc {correct / count:.3f} top5 {correct5 / count:.3f} "
                       f"samples/s {rate:.0f}", flush=True)
             if args.save and args.save_every and (step + 1) % args.save_every == 0:
                 save_checkpoint(args.save, step + 1, model_parts, model, optimizer, scaler, scheduler)
@@ -404,17 +410,6 @@ def main(argv=None):
             json.dump({str(k): v for k, v in losses.items()}, f)
     summary(args, device, backbone, head, num_classes, peak.peak_bytes)
     ts.distributed.destroy_process_group()
-
-
-@torch.no_grad()
-def parallel_top1_correct(logits, labels, class_offset):
-    """Top-1 hits over sharded logits without gathering them: each rank's best
-    local class and score, then the best over the group."""
-    best_score, best_local = logits.max(dim=-1)
-    pairs = torch.stack([best_score.double(), (best_local + class_offset).double()], dim=-1)
-    pairs = ts.distributed.gather_replicated(pairs.unsqueeze(1), 1)  # [batch, group, 2]
-    winner = pairs[..., 1].gather(1, pairs[..., 0].argmax(1, keepdim=True)).squeeze(1).long()
-    return (winner == labels).sum().item()
 
 
 def summary(args, device, backbone, head, num_classes, peak_bytes):

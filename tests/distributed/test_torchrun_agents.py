@@ -36,7 +36,7 @@ def test_two_torchrun_agents_train_the_example_together():
     for node_rank, (agent, out) in enumerate(zip(agents, outputs)):
         assert agent.returncode == 0, f"agent {node_rank} exited {agent.returncode}:\n{out[-4000:]}"
     # One process per agent: node 0 hosts global rank 0, node 1 rank 1.
-    steps = re.findall(r"^step (\d+)/%d loss ([0-9.]+) acc ([0-9.]+) samples/s \d+" % STEPS, outputs[0], re.M)
+    steps = re.findall(r"^step (\d+)/%d loss ([0-9.]+) acc ([0-9.]+) top5 [0-9.]+ samples/s \d+" % STEPS, outputs[0], re.M)
     assert [int(s) for s, _, _ in steps] == list(range(1, STEPS + 1)), outputs[0][-4000:]
     assert all(float(loss) > 0 for _, loss, _ in steps)
     for node_rank, out in enumerate(outputs):
