@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..distributed.mappings import all_gather
-from ..distributed.state import TENSOR_PARALLEL
+from ..distributed.state import TENSOR_PARALLEL, get_group_size
 
 # Classes per chunk of parallel_linear_topk: bounds the [batch, chunk] logits held at once.
 DEFAULT_CHUNK = 8192
@@ -39,7 +39,9 @@ def _merge_over_group(values: torch.Tensor, local_indices: torch.Tensor, local_c
     payload = torch.cat([values.double(), local_indices.double(),
                          torch.full((rows, 1), float(local_classes), dtype=torch.float64, device=values.device)],
                         dim=1)
-    gathered = all_gather(payload.unsqueeze(0), dim=0, group=group)  # [ranks, rows, 2k + 1]
+    # One slice per rank: the gathered length is known, no size exchange.
+    gathered = all_gather(payload.unsqueeze(0), dim=0, group=group,
+                          full_size=get_group_size(group))  # [ranks, rows, 2k + 1]
     counts = gathered[:, 0, 2 * k].long()
     total = int(counts.sum())
     if k > total:
