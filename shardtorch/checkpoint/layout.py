@@ -1,12 +1,13 @@
 """Where each state-dict entry of a model lives: sharded (which dimension, over
 which group, the full shape and every rank's slice) or replicated.
 
-A parameter is sharded when it carries ``parallel_dim`` (TorchShard's mark,
-set by the parallel layers); its group is the ``group`` attribute of the module
-that owns it ("tp" by default). Full sizes are not guessed from the local
-shape (a shard of 2 rows may come from 7 rows over 4 ranks or 8 over 4): the
-group's members exchange their local sizes, one small all-gather per group for
-all entries at once, and the sizes are checked against the split rule.
+Which parameters are sharded, along which dimension and over which group, is
+read from the modules that own them (shardtorch.utils.shard_facts), so it
+survives wrappers that replace the parameter tensors. Full sizes are not
+guessed from the local shape (a shard of 2 rows may come from 7 rows over 4
+ranks or 8 over 4): the group's members exchange their local sizes, one small
+all-gather per group for all entries at once, and the sizes are checked
+against the split rule (and against the size the layer recorded, if any).
 """
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
@@ -16,7 +17,7 @@ import torch.distributed as dist
 
 from .. import _C
 from ..distributed import state
-from ..utils.parallel_dim import get_parallel_dim
+from ..utils.shard_facts import named_parameter_shards
 from ..utils.shards import shard_range
 
 
@@ -43,17 +44,9 @@ class EntryLayout:
         return start, stop - start
 
 
-def _sharded_entries(model: torch.nn.Module) -> Dict[str, Tuple[int, str]]:
-    """{state-dict key: (split dim, group)} for every parameter marked sharded."""
-    found = {}
-    for prefix, module in model.named_modules(remove_duplicate=False):
-        group = getattr(module, "group", None)
-        group = group if isinstance(group, str) else state.TENSOR_PARALLEL
-        for name, param in module.named_parameters(recurse=False):
-            dim = get_parallel_dim(param)
-            if dim is not None:
-                found[f"{prefix}.{name}" if prefix else name] = (dim % param.dim(), group)
-    return found
+def _sharded_entries(model: torch.nn.Module) -> Dict[str, Tuple[int, str, Optional[int]]]:
+    """{state-dict key: (split dim, group, recorded full size or None)} for every sharded parameter."""
+    return {key: (spec.dim, spec.group, spec.full_size) for key, _, spec in named_parameter_shards(model)}
 
 
 def model_layout(model: torch.nn.Module, state_dict: Optional[dict] = None) -> Dict[str, EntryLayout]:
@@ -66,18 +59,19 @@ def model_layout(model: torch.nn.Module, state_dict: Optional[dict] = None) -> D
         state_dict = model.state_dict()
     sharded = _sharded_entries(model)
     by_group: Dict[str, List[str]] = {}
-    for key, (_, group) in sharded.items():
+    for key, (_, group, _) in sharded.items():
         if key in state_dict:
             by_group.setdefault(group, []).append(key)
     full_sizes = {}
     # Every rank walks the groups in the same (sorted) order.
     for group, keys in sorted(by_group.items()):
-        full_sizes.update(_exchange_full_sizes(state_dict, keys, {k: sharded[k][0] for k in keys}, group))
+        full_sizes.update(_exchange_full_sizes(state_dict, keys, {k: sharded[k][0] for k in keys}, group,
+                                               {k: sharded[k][2] for k in keys}))
     layout = {}
     for key, tensor in state_dict.items():
         shape = tuple(tensor.shape)
         if key in full_sizes:
-            dim, group = sharded[key]
+            dim, group, _ = sharded[key]
             full = list(shape)
             full[dim] = full_sizes[key]
             layout[key] = EntryLayout(key, shape, tuple(full), tensor.dtype, tensor.device, dim, group,
@@ -87,7 +81,8 @@ def model_layout(model: torch.nn.Module, state_dict: Optional[dict] = None) -> D
     return layout
 
 
-def _exchange_full_sizes(state_dict, keys: List[str], dims: Dict[str, int], group: str) -> Dict[str, int]:
+def _exchange_full_sizes(state_dict, keys: List[str], dims: Dict[str, int], group: str,
+                         recorded: Dict[str, Optional[int]]) -> Dict[str, int]:
     size = state.get_group_size(group)
     local = torch.tensor([state_dict[k].shape[dims[k]] for k in keys], dtype=torch.int64)
     if size == 1:
@@ -105,5 +100,9 @@ def _exchange_full_sizes(state_dict, keys: List[str], dims: Dict[str, int], grou
                 f"state dict entry {key!r}: shard sizes along dim {dims[key]} over group {group!r} "
                 f"are {per_rank}, which break the split rule for a total of {total} "
                 f"(expected {list(_C.shard_sizes(total, size))})")
+        if recorded[key] is not None and recorded[key] != total:
+            raise RuntimeError(
+                f"state dict entry {key!r}: its layer records a full size of {recorded[key]} along dim "
+                f"{dims[key]}, but the shards over group {group!r} add up to {total} ({per_rank})")
         result[key] = total
     return result

@@ -7,6 +7,7 @@ from torch import nn
 
 from ..distributed import state
 from ..utils.parallel_dim import register_parallel_dim
+from ..utils.shard_facts import register_shard
 from ..utils.shards import shard_range
 from .convert import replace_modules
 from .embedding_init import init_embedding_shard_
@@ -69,6 +70,7 @@ class ParallelEmbedding(nn.Module):
         shape = (self._row_range[1] - self._row_range[0], self._col_range[1] - self._col_range[0])
         self.weight = nn.Parameter(torch.empty(shape, device=device, dtype=dtype))
         register_parallel_dim(self.weight, dim)  # the dimension of the full table it was cut along
+        register_shard(self, "weight", dim, num_embeddings if dim == 0 else embedding_dim, group)
         if _initialize:
             self.reset_parameters()
 

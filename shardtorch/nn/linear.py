@@ -8,6 +8,7 @@ from torch import nn
 from .. import _C
 from ..distributed import state
 from ..utils.parallel_dim import is_sharded_on_last_dim, register_parallel_dim
+from ..utils.shard_facts import register_shard
 from ..utils.shards import shard_range
 from .convert import replace_modules
 from .init import draw_on_cpu_, init_linear_shard_
@@ -67,10 +68,17 @@ class ParallelLinear(nn.Module):
                                                **factory))
         bias_size = out_range[1] - out_range[0]
         self.bias = nn.Parameter(torch.empty(bias_size, **factory)) if bias else None
-        # Which dimension of the full parameter each shard was cut along.
+        # Which dimension of the full parameter each shard was cut along: on
+        # the layer (it survives wrappers), and on the tensors for TorchShard's readers.
         register_parallel_dim(self.weight, {None: None, 0: 1, 1: 0, -1: 0}[dim])
         if self.bias is not None:
             register_parallel_dim(self.bias, 0 if dim in (1, -1) else None)
+        if dim in (1, -1):
+            register_shard(self, "weight", 0, out_features, group)
+            if self.bias is not None:
+                register_shard(self, "bias", 0, out_features, group)
+        elif dim == 0:
+            register_shard(self, "weight", 1, in_features, group)
         self._out_range, self._in_range = out_range, in_range
         if _initialize:
             self.reset_parameters()

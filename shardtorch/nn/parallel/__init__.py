@@ -12,7 +12,8 @@ Two layouts are exact (training equals unsharded training on the global batch):
 """
 from .distributed import LAYOUTS, DistributedDataParallel
 from .sharded_gradients import ShardedGradientAverager
-from .sharded_parameters import is_sharded_parameter, named_sharded_parameters, sharded_parameter_names
+from .sharded_parameters import (is_sharded_parameter, named_sharded_parameters, sharded_parameter_names,
+                                 sharded_parameters)
 
 __all__ = ["DistributedDataParallel", "LAYOUTS", "ShardedGradientAverager", "is_sharded_parameter",
-           "named_sharded_parameters", "sharded_parameter_names"]
+           "named_sharded_parameters", "sharded_parameter_names", "sharded_parameters"]

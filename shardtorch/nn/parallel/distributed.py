@@ -9,7 +9,7 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 from ...distributed import state
 from .sharded_gradients import ShardedGradientAverager
-from .sharded_parameters import is_sharded_parameter, sharded_parameter_names
+from .sharded_parameters import sharded_parameter_names, sharded_parameters
 
 HYBRID = "hybrid"
 TWO_D = "2d"
@@ -65,7 +65,7 @@ def _hybrid(module: nn.Module, ddp_kwargs: dict) -> TorchDDP:
     names = sharded_parameter_names(module)
     already_ignored = list(getattr(module, "_ddp_params_and_buffers_to_ignore", []))
     TorchDDP._set_params_and_buffers_to_ignore_for_model(module, sorted(set(already_ignored + names)))
-    sharded = [p for p in module.parameters() if is_sharded_parameter(p)]
+    sharded = sharded_parameters(module)
     data_parallel_group = state.get_data_parallel_group()
     _broadcast_from_first_rank(sharded, data_parallel_group)
     ddp = TorchDDP(module, **ddp_kwargs)
@@ -77,7 +77,8 @@ def _hybrid(module: nn.Module, ddp_kwargs: dict) -> TorchDDP:
 
 
 def _two_d(module: nn.Module, ddp_kwargs: dict) -> TorchDDP:
-    replicated = [p for p in module.parameters() if not is_sharded_parameter(p)]
+    shards = {id(p) for p in sharded_parameters(module)}
+    replicated = [p for p in module.parameters() if id(p) not in shards]
     _broadcast_from_first_rank(replicated + list(module.buffers()), state.get_group(state.TENSOR_PARALLEL))
     ddp = TorchDDP(module, process_group=state.get_data_parallel_group(), **ddp_kwargs)
     ddp.sharded_gradient_averager = None
