@@ -162,7 +162,9 @@ at::Tensor gradient_coefficients(const at::Tensor& grad_loss, const at::Tensor& 
   if (options.z_loss != 0.0) scale = scale + 2.0 * options.z_loss * lse;
 
   at::Tensor coefs = at::empty({rows, kNumGradCoefs}, saved.options());
-  coefs.select(1, kCoefLse).copy_(lse);
+  const at::Tensor lse_rounded = lse.to(acc).to(at::kDouble);
+  coefs.select(1, kCoefLse).copy_(lse_rounded);
+  coefs.select(1, kCoefLseRemainder).copy_(lse - lse_rounded);
   coefs.select(1, kCoefGradScale).copy_(g * scale);
   coefs.select(1, kCoefTargetScale).copy_(g * (1.0 - eps) * target_weight);
   coefs.select(1, kCoefSmoothScale).copy_(g * eps * inv_classes);

@@ -1,8 +1,10 @@
 """Parallel layers (``ts.nn``)."""
-from . import functional, parallel
+from . import functional, init, parallel
 from .embedding import ParallelEmbedding
 from .linear import ParallelLinear
 from .loss import ParallelCrossEntropyLoss, ParallelLinearCrossEntropyLoss
+from .register_parallel_dim import RegisterParallelDim
+from . import modules  # noqa: E402  (TorchShard's ts.nn.modules)
 
 __all__ = ["ParallelEmbedding", "ParallelLinear", "ParallelCrossEntropyLoss", "ParallelLinearCrossEntropyLoss",
-           "functional", "parallel"]
+           "RegisterParallelDim", "functional", "init", "modules", "parallel"]

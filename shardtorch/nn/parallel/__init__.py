@@ -11,9 +11,10 @@ Two layouts are exact (training equals unsharded training on the global batch):
   data-parallel group.
 """
 from .distributed import LAYOUTS, DistributedDataParallel
+from .plain_ddp import register_ddp_parameters_to_ignore
 from .sharded_gradients import ShardedGradientAverager
 from .sharded_parameters import (is_sharded_parameter, named_sharded_parameters, sharded_parameter_names,
                                  sharded_parameters)
 
-__all__ = ["DistributedDataParallel", "LAYOUTS", "ShardedGradientAverager", "is_sharded_parameter",
+__all__ = ["DistributedDataParallel", "LAYOUTS", "register_ddp_parameters_to_ignore", "ShardedGradientAverager", "is_sharded_parameter",
            "named_sharded_parameters", "sharded_parameter_names", "sharded_parameters"]
