@@ -29,7 +29,7 @@ enum RowStat : int64_t {
 // two are close), and the gradient keeps F.cross_entropy's accuracy at any
 // logit scale (a rounded lse alone costs half an ulp of |lse|: 3e-5 at 1000).
 enum GradCoef : int64_t {
-  kCoefLse = 0,           // log-sum-exp rounded to the stats dtype
+  kCoefLse = 0,  // log-sum-exp rounded to the stats dtype
   kCoefGradScale = 1,
   kCoefTargetScale = 2,
   kCoefSmoothScale = 3,

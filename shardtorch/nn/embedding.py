@@ -50,8 +50,8 @@ class ParallelEmbedding(nn.Module):
                  _initialize: bool = True) -> None:
         super().__init__()
         if dim not in (None, 0, 1, -1) or isinstance(dim, bool):
-            raise ValueError(f"ParallelEmbedding: dim must be None (not split), 0 (vocabulary-parallel) "
-                             f"or 1 / -1 (embedding-dim-parallel), got {dim!r}")
+            raise ValueError(f"ParallelEmbedding: dim must be 0 (vocabulary-parallel), 1 or -1 "
+                             f"(embedding-dim-parallel) or None (not split), got {dim!r}")
         for name, value in (("num_embeddings", num_embeddings), ("embedding_dim", embedding_dim)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"ParallelEmbedding: {name} must be a non-negative int, got {value!r}")

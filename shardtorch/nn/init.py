@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from .. import _C
 from ..distributed import state
-from ..utils.parallel_dim import get_parallel_dim, parameter_split_dim
+from ..utils.parallel_dim import PARALLEL_DIM_ATTR, parameter_split_dim
 from ..utils.shards import shard_range
 
 CHUNK_ELEMENTS = 1 << 20
@@ -71,10 +71,11 @@ def shard_init_helper_(init_method: Callable[..., object], tensor: torch.Tensor,
     Which dimension was split is read from the tensor's parallel mark
     (TorchShard's meaning, ``shardtorch.utils.parallel_dim.parameter_split_dim``,
     the ``order_type`` honoured); the whole length is the sum of the group's
-    shards (uneven shards follow the split rule). An unmarked tensor is
-    initialised in place by ``init_method`` alone; a marked whole one (the
-    bias of a row-parallel layer) is drawn and broadcast."""
-    if get_parallel_dim(tensor) is None:
+    shards (uneven shards follow the split rule). A tensor without the mark
+    attribute is initialised in place by ``init_method`` alone; one that has
+    it, even as None (the parameters of a ParallelLinear(dim=None), the whole
+    bias of a row-parallel layer), is drawn and broadcast, as in TorchShard."""
+    if not hasattr(tensor, PARALLEL_DIM_ATTR):
         init_method(tensor, **kwargs)
         return
     split = parameter_split_dim(tensor, "shard_init_helper_: tensor")

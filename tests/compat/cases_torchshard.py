@@ -369,3 +369,11 @@ def case_plain_ddp_without_the_helper_works_or_raises():
     ddp = TorchDDP(model)
     expect_error(lambda: ddp(torch.randn(2, IN, dtype=torch.float64)), "'fc.weight' is a shard",
                  exception=RuntimeError)
+
+
+def case_register_after_wrapping_is_refused():
+    model = _Net(True, 4 * _size()).double()
+    model.fc = ts.nn.ParallelLinear.from_linear(model.fc, dim=1)
+    ddp = TorchDDP(model)
+    expect_error(lambda: ts.register_ddp_parameters_to_ignore(ddp), "already built", "before wrapping",
+                 exception=ValueError)

@@ -107,7 +107,8 @@ __global__ void parallel_cross_entropy_backward_kernel(scalar_t* __restrict__ va
   const int64_t row = blockIdx.x;
   scalar_t* v = values + row * cols;
   const acc_t* c = coefs + row * kNumGradCoefs;
-  const acc_t lse = c[kCoefLse], lse_remainder = c[kCoefLseRemainder], grad_scale = c[kCoefGradScale];
+  const acc_t lse = c[kCoefLse], grad_scale = c[kCoefGradScale];
+  const acc_t lse_remainder = c[kCoefLseRemainder];
   const acc_t target_scale = c[kCoefTargetScale], smooth = c[kCoefSmoothScale];
   const int64_t t = target_local[row] - col_begin;
   const bool ignored = grad_scale == acc_t(0) && smooth == acc_t(0);

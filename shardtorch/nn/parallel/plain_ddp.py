@@ -49,11 +49,20 @@ def register_ddp_parameters_to_ignore(module: nn.Module) -> List[str]:
     and returned. Whole parameters that carry a mark (the bias of a
     row-parallel layer) stay with DDP, which averages them. Their gradients are
     averaged over the data-parallel group from the first forward under DDP on
-    (see this module's docstring)."""
+    (see this module's docstring). Called on a DistributedDataParallel that
+    already holds shards (too late: DDP reads the list when it is built), it
+    raises."""
     if not isinstance(module, nn.Module):
         raise TypeError(f"register_ddp_parameters_to_ignore: module must be a torch.nn.Module, got "
                         f"{type(module).__name__}")
     names = [name for name, _, _ in named_parameter_shards(module)]
+    if isinstance(module, TorchDDP):
+        held = [name for name in names if name[len("module."):] not in module.parameters_to_ignore]
+        if held:
+            raise ValueError(
+                f"register_ddp_parameters_to_ignore: module is a DistributedDataParallel already built over the "
+                f"shards {held}: it has broadcast one rank's shards over the others and averages different "
+                f"shards. Call it on the model before wrapping it (DDP reads the list when it is built)")
     already = list(getattr(module, "_ddp_params_and_buffers_to_ignore", []))
     ignored = sorted(set(already + names))
     TorchDDP._set_params_and_buffers_to_ignore_for_model(module, ignored)

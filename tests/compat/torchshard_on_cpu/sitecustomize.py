@@ -2,7 +2,8 @@
 with Gloo, for tests/compat/run_torchshard_suite.py: found first on
 PYTHONPATH, Python imports it at start-up in every process (the ranks that
 torch.multiprocessing spawns included). It changes nothing of what the code
-computes, only where: ``.cuda()`` is the identity, NCCL is Gloo, torch.cuda's
+computes, only where: ``.cuda()`` is the identity, NCCL is Gloo, DDP's
+``device_ids`` are dropped, torch.cuda's
 queries answer as for TORCHSHARD_RANKS devices, AMP is off. Two things that
 are not CUDA: TorchShard's assertEqual opens pdb on a mismatch (which would
 hang a rank without a terminal), so pdb.set_trace raises instead; and with
@@ -37,6 +38,16 @@ def _init_with_gloo(backend=None, *args, **kwargs):
 
 
 dist.init_process_group = _init_with_gloo
+
+_ddp_init = torch.nn.parallel.DistributedDataParallel.__init__
+
+
+def _ddp_on_cpu(self, module, device_ids=None, output_device=None, *args, **kwargs):
+    # device_ids name CUDA devices; on CPU, DDP takes none.
+    _ddp_init(self, module, None, None, *args, **kwargs)
+
+
+torch.nn.parallel.DistributedDataParallel.__init__ = _ddp_on_cpu
 
 
 def _mismatch(*args, **kwargs):
