@@ -109,6 +109,18 @@ class ParallelLinear(nn.Module):
         return output
 
     @torch.jit.unused
+    def linear_cross_entropy(self, input: torch.Tensor, target: torch.Tensor, **options) -> torch.Tensor:
+        """The parallel cross-entropy of this column-parallel layer's logits
+        without them (ts.nn.functional.parallel_linear_cross_entropy; ``options``
+        are its class_weight, ignore_index, ...): what ParallelLinearCrossEntropyLoss
+        calls. A method of the layer, so that wrappers acting around a layer's
+        forward methods (fully_shard's register_fsdp_forward_method) gather its
+        parameters for it and reduce their gradients as for forward."""
+        from . import functional as TF
+        return TF.parallel_linear_cross_entropy(input, self.weight, self.bias, target, group=self.group,
+                                                num_classes=self.out_features, **options)
+
+    @torch.jit.unused
     def _check_marked_input(self, input: torch.Tensor) -> None:
         if self.dim == 0 and is_sharded_on_last_dim(input) and input.shape[-1] != self.weight.shape[1]:
             raise ValueError(

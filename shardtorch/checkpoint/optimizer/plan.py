@@ -8,6 +8,7 @@ from typing import Callable, Dict, Optional
 import torch
 
 from ...distributed import state
+from ..fully_sharded import dtensor_spec, in_model_form
 from ..layout import EntryLayout
 from ..verify import strip_ddp_prefix
 from .forms import StateDictFormError, flattened_hint, indexed
@@ -171,3 +172,17 @@ def load_state(params: OptimizerParams, plan: dict,
             out[key] = load_tensor(entry, index, key)
         result[index] = out
     return {"state": result, "param_groups": plan["param_groups"]}
+
+
+def in_model_forms(params: OptimizerParams, loaded: dict) -> dict:
+    """``loaded`` (load_state's result, filled) with each state tensor shaped
+    like a parameter that fully_shard made a DTensor cut into a DTensor like
+    it, as the optimizer's own state is under fully_shard (in place)."""
+    for index, values in loaded["state"].items():
+        spec = dtensor_spec(params.params[index])
+        if spec is None:
+            continue
+        for key, value in values.items():
+            if torch.is_tensor(value) and value.dim() > 0 and tuple(value.shape) == tuple(params.params[index].shape):
+                values[key] = in_model_form(value, spec)
+    return loaded

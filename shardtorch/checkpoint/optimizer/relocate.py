@@ -8,7 +8,7 @@ from ...distributed import state
 from ..relocate import _broadcast, _scatter_slices
 from .checks import checked_params, plan_on_one_rank
 from .forms import indexed
-from .plan import load_state, plan_from_full_state
+from .plan import in_model_forms, load_state, plan_from_full_state
 
 
 def relocate_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -53,4 +53,4 @@ def relocate_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim
         send = _scatter_slices if entry.sharded else _broadcast
         return send(full, entry, entry.dtype, src)
 
-    return load_state(params, plan, receive)
+    return in_model_forms(params, load_state(params, plan, receive))
