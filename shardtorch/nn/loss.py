@@ -5,7 +5,6 @@ from typing import Optional
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from ..distributed import state
 from . import functional as TF
@@ -90,13 +89,6 @@ class ParallelLinearCrossEntropyLoss(nn.Module):
             return TF.parallel_cross_entropy(head(input), target, self.weight, self.ignore_index,
                                              self.reduction, self.label_smoothing, self.z_loss,
                                              parallel=False)
-        if isinstance(head.weight, DTensor):
-            raise RuntimeError(
-                "ParallelLinearCrossEntropyLoss: the head's weight is a DTensor (fully_shard's sharded form), "
-                "so its parameters are not gathered: this loss never calls head.forward, and fully_shard "
-                "gathers them only around the forward methods it knows. Wrap the model with "
-                "ts.nn.parallel.fully_shard, or call torch.distributed.fsdp.register_fsdp_forward_method("
-                "head, 'linear_cross_entropy') after fully_shard(head)")
         # Through the head's own method: under fully_shard, its forward hooks run around it.
         return head.linear_cross_entropy(input, target, class_weight=self.weight, ignore_index=self.ignore_index,
                                          reduction=self.reduction, label_smoothing=self.label_smoothing,

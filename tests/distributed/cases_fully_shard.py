@@ -11,6 +11,7 @@ all cases (test_fully_shard.py); ``case_hand_off_to_two_ranks`` also leaves a
 checkpoint in SHARDTORCH_FSDP_HANDOFF that the 2-rank launch
 (cases_fully_shard_resume.py) loads under DDP x TP.
 """
+import copy
 import os
 import tempfile
 
@@ -174,13 +175,38 @@ def case_fused_loss():
         train_and_compare(layout, "adam", steps=3, fused=True, what="fused linear cross-entropy")
 
 
+def bfloat16_compute_updates(steps: int) -> float:
+    """How far bfloat16 computation itself moves the updates of unsharded
+    training from float32's (the tolerance of the mixed-precision run): float32
+    master parameters, each step's forward and backward on a bfloat16 copy,
+    the gradients applied in float32, as MixedPrecisionPolicy(param_dtype=bfloat16) does."""
+    master, exact = build(False, torch.float32), build(False, torch.float32)
+    opt, opt_exact = _make_optimizer("sgd", master.parameters()), _make_optimizer("sgd", exact.parameters())
+    initial = {n: p.detach().clone() for n, p in master.named_parameters()}
+    for step in range(steps):
+        reference_step(exact, opt_exact, step, torch.float32)
+        x, y = global_batch(step, torch.float32)
+        compute = copy.deepcopy(master).to(torch.bfloat16)
+        F.cross_entropy(compute(x.to(torch.bfloat16)), y).backward()
+        for p, c in zip(master.parameters(), compute.parameters()):
+            p.grad = c.grad.float()
+        opt.step()
+    worst = 0.0
+    for (name, p), q in zip(master.named_parameters(), exact.parameters()):
+        update, expected = p.detach() - initial[name], q.detach() - initial[name]
+        worst = max(worst, ((update - expected).abs().max() / expected.abs().max()).item())
+    return worst
+
+
 def case_mixed_precision_bfloat16_within_bfloat16_of_float32():
     # Parameters held in float32, computed in bfloat16, gradients reduced in
-    # float32: the updates agree with float32 unsharded training to bfloat16's
-    # precision (as autocast does under DDP).
+    # float32: the updates are as close to float32 unsharded training as
+    # bfloat16 computation of the unsharded model is (twice its deviation).
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    floor = bfloat16_compute_updates(3)
+    record("unsharded, bfloat16 compute, updates vs float32", floor)
     for layout in ("2d", "hybrid"):
-        train_and_compare(layout, "sgd", steps=3, dtype=torch.float32, mp_policy=policy, tolerance=5e-2,
+        train_and_compare(layout, "sgd", steps=3, dtype=torch.float32, mp_policy=policy, tolerance=2 * floor,
                           what="MixedPrecisionPolicy(bfloat16), updates vs float32")
 
 
@@ -258,7 +284,8 @@ def _continue_equal(layout, make_checkpoint, load, what):
         sharded_step(fresh, fresh_opt, layout, step)
     original, resumed = tp_local(model), tp_local(fresh)
     for name in original:
-        assert torch.equal(original[name], resumed[name]), f"{what} {layout}: {name} differs after resuming"
+        assert torch.equal(original[name], resumed[name]), \
+            f"{what} {layout}: {name} differs after resuming by {(original[name] - resumed[name]).abs().max():.3g}"
     error = relative_error(resumed, reference)
     record(f"{layout} adam resumed from {what}", error)
     assert error <= 1e-9, f"{what} {layout}: {error:.3g} from the unsharded run"
@@ -274,8 +301,8 @@ def case_save_sharded_and_load_sharded_with_optimizer():
 def case_dcp_with_optimizer():
     for layout in ("2d", "hybrid"):
         path = os.path.join(shared_directory(), "dcp")
-        _continue_equal(layout, lambda m, o: ts.save_dcp(m, path, optimizer=o),
-                        lambda m, o, _: ts.load_dcp(m, path, optimizer=o), "DCP")
+        _continue_equal(layout, lambda m, o: ts.checkpoint.save_dcp(m, path, optimizer=o),
+                        lambda m, o, _: ts.checkpoint.load_dcp(m, path, optimizer=o), "DCP")
 
 
 def case_collect_and_relocate_optimizer_state():
@@ -334,7 +361,7 @@ def case_hand_off_to_two_ranks():
     for step in range(2):
         sharded_step(model, opt, "2d", step)
     ts.save_sharded(model, os.path.join(path, "sharded"), optimizer=opt)
-    ts.save_dcp(model, os.path.join(path, "dcp"), optimizer=opt)
+    ts.checkpoint.save_dcp(model, os.path.join(path, "dcp"), optimizer=opt)
     weights = ts.collect_state_dict(model, model.state_dict(), dst=0)
     state = ts.collect_optimizer_state_dict(model, opt, dst=0)
     if dist.get_rank() == 0:
@@ -378,7 +405,7 @@ def case_fused_loss_on_a_head_torch_sharded_alone_says_what_to_do():
     torch_fully_shard(model, mesh=dp)
     x, y = global_batch(0)
     loss = ts.nn.ParallelLinearCrossEntropyLoss(model.head.classifier)
-    expect_error(lambda: loss(model(x), y), "the head's weight is a DTensor",
+    expect_error(lambda: loss(model(x), y), "the weight is a DTensor",
                  "register_fsdp_forward_method(head, 'linear_cross_entropy')", exception=RuntimeError)
 
 

@@ -48,7 +48,9 @@ def case_resume_from_save_sharded():
 
 
 def case_resume_from_dcp():
-    _continue_from(lambda m, o: ts.load_dcp(m, _path("dcp"), optimizer=o), "DCP")
+    # DCP keys are the names of the model it is given: the checkpoint of the
+    # (unprefixed) fully_shard-ed model loads into the module inside DDP.
+    _continue_from(lambda m, o: ts.checkpoint.load_dcp(m.module, _path("dcp"), optimizer=o), "DCP")
 
 
 def case_resume_from_collected_file():

@@ -160,7 +160,10 @@ def load_state(params: OptimizerParams, plan: dict,
         out = {}
         for key, (kind, info) in keys.items():
             if kind == "value":
-                out[key] = info
+                # A copy: the optimizer steps its "step" tensor in place, and
+                # this one may be the caller's (a collected state in the same
+                # process, still the live state of the optimizer it came from).
+                out[key] = info.clone() if torch.is_tensor(info) else info
                 continue
             dtype, shape = info
             entry_key = entry_keys.get(index, {}).get(key, f"{params.names[index]}/{key}")
