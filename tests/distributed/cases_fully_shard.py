@@ -260,10 +260,8 @@ def case_collect_and_relocate_every_kind_of_entry():
     torch.testing.assert_close(fresh(tokens), reference(tokens), rtol=0, atol=1e-6)
 
 
-def _continue_equal(layout, make_checkpoint, load, what):
-    """Trains 2 steps (Adam), checkpoints, loads into a model built from
-    another seed, continues 2 steps beside the original: the same parameters,
-    and the unsharded run's within 1e-9."""
+def _trained_with_adam(layout):
+    """(unsharded reference, its Adam, the fully_shard-ed model, its Adam) after 2 steps."""
     reference = build(False)
     opt_ref = _make_optimizer("adam", reference.parameters())
     model = fsdp_model(layout)
@@ -271,6 +269,14 @@ def _continue_equal(layout, make_checkpoint, load, what):
     for step in range(2):
         reference_step(reference, opt_ref, step)
         sharded_step(model, opt, layout, step)
+    return reference, opt_ref, model, opt
+
+
+def _continue_equal(layout, make_checkpoint, load, what):
+    """Trains 2 steps (Adam), checkpoints, loads into a model built from
+    another seed, continues 2 steps beside the original: the same parameters,
+    and the unsharded run's within 1e-9."""
+    reference, opt_ref, model, opt = _trained_with_adam(layout)
     handle = make_checkpoint(model, opt)
     fresh = fsdp_model(layout, seed=999)
     fresh_opt = _make_optimizer("adam", fresh.parameters())
@@ -322,13 +328,7 @@ def case_collected_optimizer_state_loads_into_plain_torch():
     """The collected state is the unsharded optimizer's: a single-process
     model and torch.optim.Adam loaded from it continue like the unsharded run."""
     for layout in ("2d", "hybrid"):
-        reference = build(False)
-        opt_ref = _make_optimizer("adam", reference.parameters())
-        model = fsdp_model(layout)
-        opt = _make_optimizer("adam", model.parameters())
-        for step in range(2):
-            reference_step(reference, opt_ref, step)
-            sharded_step(model, opt, layout, step)
+        reference, opt_ref, model, opt = _trained_with_adam(layout)
         weights = ts.collect_state_dict(model, model.state_dict(), dst=1)
         state = ts.collect_optimizer_state_dict(model, opt, dst=1)
         if dist.get_rank() != 1:
