@@ -8,8 +8,12 @@ guessed from the local shape (a shard of 2 rows may come from 7 rows over 4
 ranks or 8 over 4): the group's members exchange their local sizes, one small
 all-gather per group for all entries at once, and the sizes are checked
 against the split rule (and against the size the layer recorded, if any).
+
+Under fully_shard (FSDP2) an entry is a DTensor whose shape is what the rank
+would hold without it; its layout is that of this shape, and ``fsdp`` keeps
+the DTensor's mesh and placements (fully_sharded.py).
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -19,6 +23,7 @@ from .. import _C
 from ..distributed import state
 from ..utils.shard_facts import named_parameter_shards
 from ..utils.shards import shard_range
+from .fully_sharded import Spec, check_mesh, dtensor_spec
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,7 @@ class EntryLayout:
     group: Optional[str] = None          # shardtorch group name
     group_rank: int = 0
     group_size: int = 1
+    fsdp: Optional[Spec] = field(default=None, compare=False)  # under fully_shard: (mesh, placements)
 
     @property
     def sharded(self) -> bool:
@@ -70,15 +76,24 @@ def model_layout(model: torch.nn.Module, state_dict: Optional[dict] = None) -> D
     layout = {}
     for key, tensor in state_dict.items():
         shape = tuple(tensor.shape)
+        fsdp = dtensor_spec(tensor)
         if key in full_sizes:
             dim, group, _ = sharded[key]
+            check_mesh(key, fsdp, group, _ranks_holding_the_same_shard(group))
             full = list(shape)
             full[dim] = full_sizes[key]
             layout[key] = EntryLayout(key, shape, tuple(full), tensor.dtype, tensor.device, dim, group,
-                                      state.get_group_rank(group), state.get_group_size(group))
+                                      state.get_group_rank(group), state.get_group_size(group), fsdp)
         else:
-            layout[key] = EntryLayout(key, shape, shape, tensor.dtype, tensor.device)
+            layout[key] = EntryLayout(key, shape, shape, tensor.dtype, tensor.device, fsdp=fsdp)
     return layout
+
+
+def _ranks_holding_the_same_shard(group: str) -> List[int]:
+    """The global ranks that hold this rank's shard of an entry split over ``group``."""
+    if group == state.TENSOR_PARALLEL:
+        return state.get_group_ranks(state.DATA_PARALLEL)
+    return [state.get_rank()]
 
 
 def _exchange_full_sizes(state_dict, keys: List[str], dims: Dict[str, int], group: str,

@@ -4,6 +4,7 @@ from typing import Optional
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from .. import _C
 from ..distributed import state
@@ -109,6 +110,24 @@ class ParallelLinear(nn.Module):
                 # The full size lets the parallel loss skip exchanging shard sizes.
                 register_parallel_dim(output, -1, self.out_features)
         return output
+
+    @torch.jit.unused
+    def linear_cross_entropy(self, input: torch.Tensor, target: torch.Tensor, **options) -> torch.Tensor:
+        """The parallel cross-entropy of this column-parallel layer's logits
+        without them (ts.nn.functional.parallel_linear_cross_entropy; ``options``
+        are its class_weight, ignore_index, ...): what ParallelLinearCrossEntropyLoss
+        calls. A method of the layer, so that wrappers acting around a layer's
+        forward methods (fully_shard's register_fsdp_forward_method) gather its
+        parameters for it and reduce their gradients as for forward."""
+        from . import functional as TF
+        if isinstance(self.weight, DTensor):
+            raise RuntimeError(
+                "ParallelLinear.linear_cross_entropy: the weight is a DTensor (fully_shard's sharded form), so "
+                "its parameters were not gathered: fully_shard gathers them only around the forward methods it "
+                "knows. Wrap the model with ts.nn.parallel.fully_shard, or call torch.distributed.fsdp."
+                "register_fsdp_forward_method(head, 'linear_cross_entropy') after fully_shard(head)")
+        return TF.parallel_linear_cross_entropy(input, self.weight, self.bias, target, group=self.group,
+                                                num_classes=self.out_features, **options)
 
     @torch.jit.unused
     def _check_marked_input(self, input: torch.Tensor) -> None:

@@ -92,6 +92,7 @@ class ParallelLinearCrossEntropyLoss(nn.Module):
             return TF.parallel_cross_entropy(head(input), target, self.weight, self.ignore_index,
                                              self.reduction, self.label_smoothing, self.z_loss,
                                              parallel=False)
-        return TF.parallel_linear_cross_entropy(
-            input, head.weight, head.bias, target, self.weight, self.ignore_index, self.reduction,
-            self.label_smoothing, self.z_loss, self.chunk_size, head.group, head.out_features)
+        # Through the head's own method: under fully_shard, its forward hooks run around it.
+        return head.linear_cross_entropy(input, target, class_weight=self.weight, ignore_index=self.ignore_index,
+                                         reduction=self.reduction, label_smoothing=self.label_smoothing,
+                                         z_loss=self.z_loss, chunk_size=self.chunk_size)

@@ -8,6 +8,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 from ...distributed import state
+from ...utils.fully_sharded import fully_sharded_part
 from .sharded_gradients import ShardedGradientAverager
 from .sharded_parameters import sharded_parameter_names, sharded_parameters
 
@@ -56,6 +57,10 @@ def DistributedDataParallel(module: nn.Module, layout: str = HYBRID, **ddp_kwarg
                          "'hybrid', the data-parallel group for '2d'); do not pass it, got "
                          f"{ddp_kwargs['process_group']!r}")
     state._require("nn.parallel.DistributedDataParallel")
+    sharded_by_fsdp = fully_sharded_part(module)
+    if sharded_by_fsdp:
+        raise TypeError(f"DistributedDataParallel: module is already data-parallel under fully_shard "
+                        f"({sharded_by_fsdp}): use one of DDP or fully_shard (ts.nn.parallel.fully_shard), not both")
     if layout == TWO_D:
         return _two_d(module, ddp_kwargs)
     return _hybrid(module, ddp_kwargs)
