@@ -117,10 +117,12 @@ def test_torch_compile_matches_eager():
 
 
 @pytest.mark.parametrize("fused", [False, True])
-def test_forward_synchronises_with_the_host_at_most_once(fused):
+@pytest.mark.parametrize("num_classes", [301, None])
+def test_losses_never_synchronise_with_the_host(fused, num_classes):
     """Out-of-range targets and every rank's check results travel in the one
-    gathered buffer, read on the host without waiting for the device: with
-    num_classes given, neither forward nor backward synchronises."""
+    gathered buffer, read on the host without waiting for the device; without
+    num_classes the shard sizes travel over the group's CPU backend: neither
+    forward nor backward synchronises."""
     torch.manual_seed(2)
     x = torch.randn(16, 8, device="cuda", requires_grad=True)
     w = torch.randn(301, 8, device="cuda", requires_grad=True)
@@ -135,10 +137,10 @@ def test_forward_synchronises_with_the_host_at_most_once(fused):
             warnings.simplefilter("always")
             if fused:
                 loss = ts.nn.functional.parallel_linear_cross_entropy(
-                    x, w, None, target, class_weight, num_classes=301)
+                    x, w, None, target, class_weight, num_classes=num_classes)
             else:
                 loss = ts.nn.functional.parallel_cross_entropy(
-                    x @ w.t(), target, class_weight, parallel=True, num_classes=301)
+                    x @ w.t(), target, class_weight, parallel=True, num_classes=num_classes)
         with warnings.catch_warnings(record=True) as backward_syncs:
             warnings.simplefilter("always")
             loss.backward()
