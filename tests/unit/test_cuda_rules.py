@@ -18,18 +18,23 @@ from shardtorch.distributed.state import groups_backend
 HOLD = 0.3
 
 
-def _hold_in_threads(devices):
-    spans = [None] * len(devices)
+def _in_threads(fn, args):
+    """fn(arg) for every arg, each on its own thread, all at once; the results in order."""
+    results = [None] * len(args)
 
-    def hold(i, device):
-        spans[i] = _C._hold_launch_lock(device, HOLD)
+    def run(i):
+        results[i] = fn(args[i])
 
-    threads = [threading.Thread(target=hold, args=(i, d)) for i, d in enumerate(devices)]
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(args))]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return spans
+    return results
+
+
+def _hold_in_threads(devices):
+    return _in_threads(lambda device: _C._hold_launch_lock(device, HOLD), devices)
 
 
 def _overlap(a, b):
@@ -90,16 +95,8 @@ def fake_group(world_of_one):
 
 def test_communicators_are_per_full_device_and_made_once(fake_group):
     calls = ["cuda:1"] * 6 + ["cuda:0"] * 6
-    got = [None] * len(calls)
     with _C._FakeCudaCommunicators(delay=0.3) as fake:
-        def ask(i, device):
-            got[i] = _C._communicator_backend(fake_group, device)
-
-        threads = [threading.Thread(target=ask, args=(i, d)) for i, d in enumerate(calls)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        got = _in_threads(lambda device: _C._communicator_backend(fake_group, device), calls)
         created = sorted(fake.created)
         # Later calls reuse them.
         assert _C._communicator_backend(fake_group, "cuda:1") == got[0]

@@ -221,6 +221,16 @@ RowSplit split_rows(int64_t rows, int64_t cols, std::initializer_list<const void
   return split;
 }
 
+// Calls launch(std::integral_constant<int, kVec>) with the split's load width.
+template <typename scalar_t, typename Launch>
+void with_vector_width(const RowSplit& split, const Launch& launch) {
+  if (split.vec == 1) {
+    launch(std::integral_constant<int, 1>());
+  } else {
+    launch(std::integral_constant<int, 16 / sizeof(scalar_t)>());
+  }
+}
+
 class CudaCrossEntropyKernels final : public CrossEntropyKernels {
  public:
   void accumulate_row_stats(const at::Tensor& logits, int64_t col_begin,
@@ -247,11 +257,7 @@ class CudaCrossEntropyKernels final : public CrossEntropyKernels {
                     stats.data_ptr<acc_t>(), partials.data_ptr<acc_t>(),
                     copy_to.defined() ? copy_to.data_ptr<scalar_t>() : nullptr);
           };
-          if (split.vec == 1) {
-            launch(std::integral_constant<int, 1>());
-          } else {
-            launch(std::integral_constant<int, 16 / sizeof(scalar_t)>());
-          }
+          with_vector_width<scalar_t>(split, launch);
           C10_CUDA_KERNEL_LAUNCH_CHECK();
           const int merge_threads = 128;
           merge_row_partials_kernel<acc_t>
@@ -283,11 +289,7 @@ class CudaCrossEntropyKernels final : public CrossEntropyKernels {
                     weight_local.defined() ? weight_local.const_data_ptr<acc_t>() : nullptr,
                     coefs.const_data_ptr<acc_t>());
           };
-          if (split.vec == 1) {
-            launch(std::integral_constant<int, 1>());
-          } else {
-            launch(std::integral_constant<int, 16 / sizeof(scalar_t)>());
-          }
+          with_vector_width<scalar_t>(split, launch);
           C10_CUDA_KERNEL_LAUNCH_CHECK();
         });
   }
