@@ -60,6 +60,15 @@ class CrossEntropyKernels {
   virtual void softmax_grad_inplace(const at::Tensor& values, int64_t col_begin,
                                     const at::Tensor& target_local, const at::Tensor& weight_local,
                                     const at::Tensor& coefs) const = 0;
+
+  // The fused classifier's GEMMs. x and w share a dtype (the GEMM dtype).
+  // Logits [rows, width] in `out` (the stats dtype) of x [rows, f] times the
+  // rows of w_chunk [width, f], plus bias_chunk [width] (or undefined): a
+  // float16/bfloat16 GEMM accumulates and returns float32. Default: ATen.
+  virtual at::Tensor chunk_logits(const at::Tensor& x, const at::Tensor& w_chunk,
+                                  const at::Tensor& bias_chunk, at::ScalarType out) const;
+  // acc [m, n] += a [m, k] b [k, n]; acc in a's dtype or float32. Default: ATen.
+  virtual void add_product(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b) const;
 };
 
 }  // namespace ops
