@@ -54,7 +54,7 @@ class ParallelMarginLoss(nn.Module):
     shardtorch.optim.RowSparseSGD or RowSparseAdam, which leave the other rows
     and their optimizer state untouched. The draw depends on ``seed`` (default
     torch.initial_seed() at construction), the shard and a step counter
-    (``sampling_step``), so it is reproducible and identical on the
+    (the buffer ``sampling_step``, saved with the state dict), so it is reproducible and identical on the
     data-parallel replicas of a shard. In eval mode every class is used.
     After each forward ``last_sampled_classes`` holds this rank's kept local
     class indices (sorted int64).
@@ -87,7 +87,8 @@ class ParallelMarginLoss(nn.Module):
         local = self._class_range[1] - self._class_range[0]
         self.weight = nn.Parameter(torch.empty(local, in_features, device=device, dtype=dtype))
         register_parallel_dim(self.weight, 0)
-        self.sampling_step = 0
+        # A buffer, so that a checkpoint resumes the sequence of draws.
+        self.register_buffer("sampling_step", torch.zeros((), dtype=torch.int64, device="cpu"))
         self.last_sampled_classes: Optional[torch.Tensor] = None
         self.reset_parameters()
 
@@ -123,8 +124,8 @@ class ParallelMarginLoss(nn.Module):
         mine = labels[(labels >= lo) & (labels < hi) & (labels != self.ignore_index)]
         positives = torch.unique(mine - lo)
         keep = min(local, math.ceil(self.sample_rate * local))
-        step = self.sampling_step
-        self.sampling_step += 1
+        step = int(self.sampling_step)
+        self.sampling_step.fill_(step + 1)
         if positives.numel() >= keep:
             return positives.to(torch.int64)
         # PartialFC's draw: uniform scores, positives above every score, the

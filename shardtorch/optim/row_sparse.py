@@ -5,7 +5,7 @@ kept classes' rows (sparse_dim 1, like torch.nn.Embedding(sparse=True)). The
 rows it does not hold were not part of the loss: with torch.optim.SGD's
 momentum or Adam they would still move (the momentum keeps pushing) and their
 state would decay. Here they do not: each row has its own step count
-(``state["row_step"]``, int64 [rows]) and only the rows of the gradient update
+(``state["row_step"]``, int64 [rows]; SGD without dampening needs none) and only the rows of the gradient update
 their value, their momentum / moments and their step, by exactly the formulas
 of torch.optim.SGD and torch.optim.Adam (their single-tensor forms) as if each
 row were a parameter of its own that got a gradient at those steps only.
@@ -38,10 +38,14 @@ class _RowSparseOptimizer(torch.optim.Optimizer):
         grad = grad.coalesce()
         return grad.indices()[0], grad.values().reshape(grad.indices().shape[1], -1)
 
-    def _state_of(self, p: torch.Tensor) -> dict:
+    def _needs_row_steps(self, group) -> bool:
+        return True
+
+    def _state_of(self, p: torch.Tensor, group) -> dict:
         state = self.state[p]
         if not state:
-            state["row_step"] = torch.zeros(_as_rows(p).shape[0], dtype=torch.int64, device=p.device)
+            if self._needs_row_steps(group):
+                state["row_step"] = torch.zeros(_as_rows(p).shape[0], dtype=torch.int64, device=p.device)
             for name in self._state_names:
                 state[name] = torch.zeros_like(p, memory_format=torch.preserve_format)
         return state
@@ -69,7 +73,7 @@ class _RowSparseOptimizer(torch.optim.Optimizer):
                 if p.grad is None:
                     continue
                 rows, grad = self._rows_and_grad(p)
-                state = self._state_of(p)
+                state = self._state_of(p, group)
                 self._update(group, _as_rows(p), rows, grad, state)
         return loss
 
@@ -77,9 +81,15 @@ class _RowSparseOptimizer(torch.optim.Optimizer):
 class RowSparseSGD(_RowSparseOptimizer):
     """torch.optim.SGD(params, lr, momentum, dampening, weight_decay, nesterov)
     per row: rows a row-sparse gradient does not hold are left alone, momentum
-    included. State: ``momentum_buffer`` (like the parameter) and ``row_step``."""
+    included. State: ``momentum_buffer`` (like the parameter); with dampening
+    also ``row_step`` (a row's first step starts its buffer at d_p)."""
 
     _state_names = ("momentum_buffer",)
+
+    def _needs_row_steps(self, group) -> bool:
+        # Without dampening a zero buffer's first step is torch's (buf = d_p):
+        # the state is then just momentum_buffer, which checkpoints collect.
+        return group["momentum"] != 0 and group["dampening"] != 0
 
     def __init__(self, params: Iterable, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False) -> None:
@@ -94,18 +104,18 @@ class RowSparseSGD(_RowSparseOptimizer):
     def _update(self, group, param_rows, rows, grad, state):
         p = self._take(param_rows, rows)
         d_p = grad if group["weight_decay"] == 0 else grad.add(p, alpha=group["weight_decay"])
-        steps = self._take(state["row_step"], rows)
         momentum = group["momentum"]
         if momentum != 0:
             buffer_rows = _as_rows(state["momentum_buffer"])
-            buf = self._take(buffer_rows, rows)
-            # A row's first step starts its buffer at d_p, as torch's does.
-            first = (steps == 0).unsqueeze(1)
-            buf = torch.where(first, d_p, buf * momentum + d_p * (1 - group["dampening"]))
+            buf = self._take(buffer_rows, rows).mul(momentum).add_(d_p, alpha=1 - group["dampening"])
+            if "row_step" in state:
+                # A row's first step starts its buffer at d_p, as torch's does.
+                steps = self._take(state["row_step"], rows)
+                buf = torch.where((steps == 0).unsqueeze(1), d_p, buf)
+                self._put(state["row_step"], rows, steps + 1)
             self._put(buffer_rows, rows, buf)
             d_p = d_p.add(buf, alpha=momentum) if group["nesterov"] else buf
         self._put(param_rows, rows, p.add(d_p, alpha=-group["lr"]))
-        self._put(state["row_step"], rows, steps + 1)
 
 
 class RowSparseAdam(_RowSparseOptimizer):

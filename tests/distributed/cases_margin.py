@@ -265,6 +265,10 @@ def case_sampled_training_leaves_rows_not_kept_and_their_state_alone():
         "sgd": (lambda p: ts.optim.RowSparseSGD(p, lr=0.3, momentum=0.9, weight_decay=1e-2),
                 lambda p: torch.optim.SGD(p, lr=0.3, momentum=0.9, weight_decay=1e-2, foreach=False),
                 ("momentum_buffer",)),
+        "sgd dampened": (
+            lambda p: ts.optim.RowSparseSGD(p, lr=0.3, momentum=0.9, dampening=0.1),
+            lambda p: torch.optim.SGD(p, lr=0.3, momentum=0.9, dampening=0.1, foreach=False),
+            ("momentum_buffer",)),
         "adam": (lambda p: ts.optim.RowSparseAdam(p, lr=0.05, weight_decay=1e-2),
                  lambda p: torch.optim.Adam(p, lr=0.05, weight_decay=1e-2, foreach=False),
                  ("exp_avg", "exp_avg_sq")),
@@ -286,8 +290,8 @@ def case_sampled_training_leaves_rows_not_kept_and_their_state_alone():
             before = loss_fn.weight.detach()[not_kept].clone()
             state_before = {n: opt.state[loss_fn.weight][n][not_kept].clone()
                             for n in state_names if loss_fn.weight in opt.state}
-            steps_before = (opt.state[loss_fn.weight]["row_step"][not_kept].clone()
-                            if loss_fn.weight in opt.state else None)
+            has_steps = "row_step" in opt.state.get(loss_fn.weight, {})
+            steps_before = opt.state[loss_fn.weight]["row_step"][not_kept].clone() if has_steps else None
             opt.step()
             assert torch.equal(loss_fn.weight.detach()[not_kept], before), f"{name}: a row not kept moved"
             for n, values in state_before.items():

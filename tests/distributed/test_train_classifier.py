@@ -59,11 +59,12 @@ def test_loss_decreases_and_memory_summary_is_printed(tmp_path, extra):
     assert "[rank 0] parameters" in output and "peak training memory" in output, output[-2000:]
 
 
-def test_resume_continues_exactly(tmp_path):
+@pytest.mark.parametrize("loss", [[], ["--loss", "arcface", "--sample-rate", "0.4"]])
+def test_resume_continues_exactly(tmp_path, loss):
     checkpoint = tmp_path / "ckpt"
-    straight, _ = _train(tmp_path, "straight", "--steps", "6")
-    _train(tmp_path, "first_half", "--steps", "3", "--save", checkpoint)
-    resumed, _ = _train(tmp_path, "resumed", "--steps", "6", "--resume", checkpoint)
+    straight, _ = _train(tmp_path, "straight", "--steps", "6", *loss)
+    _train(tmp_path, "first_half", "--steps", "3", "--save", checkpoint, *loss)
+    resumed, _ = _train(tmp_path, "resumed", "--steps", "6", "--resume", checkpoint, *loss)
     assert sorted(resumed) == [3, 4, 5]
     for step in (3, 4, 5):
         assert resumed[step] == pytest.approx(straight[step], rel=1e-6, abs=1e-7), (step, resumed, straight)
