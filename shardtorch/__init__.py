@@ -9,7 +9,7 @@ import os as _os
 import torch as _torch
 
 from . import _C  # loads libshardtorch.so, which registers the torch.ops.shard.* operators
-from . import checkpoint, distributed, nn, random, utils
+from . import checkpoint, distributed, nn, optim, random, utils
 from .checkpoint import (collect_optimizer_state_dict, collect_state_dict, load_sharded, load_sharded_state_dict,
                          relocate_optimizer_state_dict, relocate_state_dict, save_sharded)
 # TorchShard 0.1.0's top-level names (docs/torchshard.md).
@@ -26,7 +26,7 @@ cuda_built = _C.cuda_built
 #: Prefix for CMake's find_package(shardtorch) from C++ programs.
 cmake_prefix_path = _os.path.dirname(_os.path.abspath(__file__))
 
-__all__ = ["checkpoint", "distributed", "nn", "random", "utils", "collect_state_dict", "relocate_state_dict",
+__all__ = ["checkpoint", "distributed", "nn", "optim", "random", "utils", "collect_state_dict", "relocate_state_dict",
            "collect_optimizer_state_dict", "relocate_optimizer_state_dict", "save_sharded", "load_sharded",
            "load_sharded_state_dict", "cmake_prefix_path", "cuda_built", "__version__", "TORCH_VERSION",
            "register_ddp_parameters_to_ignore", "get_parallel_dim", "register_parallel_dim",

@@ -172,4 +172,41 @@ def parallel_linear_cross_entropy(input: torch.Tensor, weight: torch.Tensor,
         float(z_loss), code, int(chunk_size), group, num_classes)
 
 
+def parallel_margin_cross_entropy(input: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                                  scale: float = 64.0, margins=(1.0, 0.5, 0.0),
+                                  easy_margin: bool = False, ignore_index: int = -100,
+                                  reduction: str = "mean", label_smoothing: float = 0.0,
+                                  sampled_classes: Optional[torch.Tensor] = None,
+                                  chunk_size: int = DEFAULT_CHUNK_SIZE,
+                                  group: str = TENSOR_PARALLEL,
+                                  num_classes: Optional[int] = None) -> torch.Tensor:
+    """The margin softmax (ArcFace, CosFace, SphereFace-style m1, combined) of a
+    class-sharded classifier ``weight`` [local_classes, in_features], in the
+    fused chunked head: never a [batch, classes] tensor, the collectives of
+    parallel_linear_cross_entropy.
+
+    Cosine logits of L2-normalised input and weight rows (F.normalize); the
+    target's logit is ``scale * psi(cos)`` with, for ``margins = (m1, m2, m3)``,
+    ``psi = cos(m1 * theta + m2) - m3`` while ``m1 * theta + m2 <= pi``, and
+    insightface's fallback ``cos - m3 - m2 * sin(pi - m2)`` past it; with
+    ``easy_margin`` the margin applies where ``cos > 0`` only (``psi = cos``
+    elsewhere). The other classes' logits are ``scale * cos``. The loss is
+    F.cross_entropy of those logits with ``ignore_index``, ``reduction`` and
+    ``label_smoothing``. Ranges: scale > 0, m1 >= 1, 0 <= m2 < pi, 0 <= m3 <= 1.
+
+    ``sampled_classes``: None, or this rank's kept local classes (sorted int64,
+    every local target among them; ParallelMarginLoss draws them): the loss is
+    then over the union of the ranks' kept classes, and the weight's gradient
+    is a sparse COO tensor of the kept rows (see docs/margin_loss.md).
+    ``num_classes``: the total, or None for one tiny exchange of shard sizes.
+    """
+    code = _reduction_code(reduction, "parallel_margin_cross_entropy")
+    if len(margins) != 3:
+        raise ValueError(f"parallel_margin_cross_entropy: margins must be (m1, m2, m3), got {margins!r}")
+    m1, m2, m3 = (float(m) for m in margins)
+    return torch.ops.shard.parallel_linear_margin_cross_entropy(
+        input, weight, target, float(scale), m1, m2, m3, bool(easy_margin), ignore_index,
+        float(label_smoothing), code, sampled_classes, int(chunk_size), group, num_classes)
+
+
 from .topk import parallel_linear_topk, parallel_topk  # noqa: E402,F401  (evaluation over sharded classes)
