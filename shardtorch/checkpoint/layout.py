@@ -96,23 +96,43 @@ def _ranks_holding_the_same_shard(group: str) -> List[int]:
     return [state.get_rank()]
 
 
+_MAX_DIMS = 8  # shapes travel padded to this many dimensions, so every rank sends the same length
+
+
 def _exchange_full_sizes(state_dict, keys: List[str], dims: Dict[str, int], group: str,
                          recorded: Dict[str, Optional[int]]) -> Dict[str, int]:
     size = state.get_group_size(group)
-    local = torch.tensor([state_dict[k].shape[dims[k]] for k in keys], dtype=torch.int64)
+    shapes = [tuple(state_dict[k].shape) for k in keys]
     if size == 1:
-        return {k: int(n) for k, n in zip(keys, local)}
+        return {k: shape[dims[k]] for k, shape in zip(keys, shapes)}
+    local = torch.full((len(keys), _MAX_DIMS + 1), -1, dtype=torch.int64)
+    for row, shape in enumerate(shapes):
+        if len(shape) > _MAX_DIMS:
+            raise ValueError(f"state dict entry {keys[row]!r}: shards of more than {_MAX_DIMS} dimensions are "
+                             f"not supported, got shape {shape}")
+        local[row, 0] = len(shape)
+        local[row, 1:len(shape) + 1] = torch.tensor(shape, dtype=torch.int64)
     everyone = [torch.empty_like(local) for _ in range(size)]
     # The group's CPU process group is Gloo (shardtorch registers one for every group).
     dist.all_gather(everyone, local, group=state.get_group(group))
-    sizes = torch.stack(everyone)  # [group rank, entry]
+    every_shape = torch.stack(everyone)  # [group rank, entry, 1 + dims]
     result = {}
     for column, key in enumerate(keys):
-        per_rank = [int(n) for n in sizes[:, column]]
+        dim = dims[key]
+        per_rank_shapes = [tuple(int(n) for n in row[1:int(row[0]) + 1]) for row in every_shape[:, column]]
+        others = {shape[:dim] + shape[dim + 1:] if len(shape) > dim else shape for shape in per_rank_shapes}
+        if len(others) != 1 or any(len(shape) <= dim for shape in per_rank_shapes):
+            # The shards differ in a dimension that was not split: the mark names the wrong dimension
+            # (or the ranks hold different models). Gathering them would mix unrelated slices.
+            raise RuntimeError(
+                f"state dict entry {key!r}: its shards over group {group!r} are split along dim {dim}, but their "
+                f"shapes per group rank, {per_rank_shapes}, differ in another dimension (does the parallel mark "
+                f"name the dimension that was split? see docs/torchshard.md)")
+        per_rank = [shape[dim] for shape in per_rank_shapes]
         total = sum(per_rank)
         if per_rank != list(_C.shard_sizes(total, size)):
             raise RuntimeError(
-                f"state dict entry {key!r}: shard sizes along dim {dims[key]} over group {group!r} "
+                f"state dict entry {key!r}: shard sizes along dim {dim} over group {group!r} "
                 f"are {per_rank}, which break the split rule for a total of {total} "
                 f"(expected {list(_C.shard_sizes(total, size))})")
         if recorded[key] is not None and recorded[key] != total:

@@ -420,7 +420,7 @@ def case_tensor_marks_are_recorded_before_fully_shard():
             torch.manual_seed(5)
             full = torch.randn(9, 4, dtype=torch.float64)
             self.weight = nn.Parameter(full[rows[0]:rows[1]].clone())
-            ts.utils.register_parallel_dim(self.weight, 0)
+            ts.utils.register_parallel_dim(self.weight, 1)  # TorchShard's mark: column-parallel, rows split
             self.full = full
 
     layer = Marked()
@@ -429,3 +429,15 @@ def case_tensor_marks_are_recorded_before_fully_shard():
     assert isinstance(layer.weight, DTensor) and isinstance(layer, FSDPModule)
     full = ts.collect_state_dict(model, model.state_dict())
     assert torch.equal(full["1.weight"], layer.full)
+
+
+def case_a_mark_naming_the_wrong_dimension_is_refused_on_every_rank():
+    """Rows split (5 and 4 of 9) but marked 0, TorchShard's row-parallel
+    mark (columns split): the shards differ in the dimension the mark says
+    is whole, so collect refuses instead of gathering unrelated slices."""
+    rows = split_range(9, 2, dist.get_rank() % 2)
+    layer = nn.Linear(4, 9, bias=False).double()
+    layer.weight = nn.Parameter(torch.randn(9, 4, dtype=torch.float64)[rows[0]:rows[1]].clone())
+    ts.utils.register_parallel_dim(layer.weight, 0)
+    expect_error(lambda: ts.collect_state_dict(layer, layer.state_dict()), "'weight'", "split along dim 1",
+                 "differ in another dimension", exception=RuntimeError)
