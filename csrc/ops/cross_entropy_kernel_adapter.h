@@ -10,6 +10,7 @@
 #include <ATen/DeviceGuard.h>
 #include <torch/library.h>
 
+#include "ops/margin_cross_entropy_kernel_adapter.h"
 #include "ops/parallel_cross_entropy_impl.h"
 #include "ops/parallel_linear_cross_entropy_impl.h"
 
@@ -100,6 +101,7 @@ struct CrossEntropyKernelAdapter {
     m.impl("parallel_linear_cross_entropy", TORCH_FN(fused_loss));
     m.impl("_parallel_linear_cross_entropy_forward", TORCH_FN(fused_forward));
     m.impl("_parallel_linear_cross_entropy_backward", TORCH_FN(fused_backward));
+    MarginCrossEntropyKernelAdapter<Kernels>::register_kernels(m);
   }
 };
 

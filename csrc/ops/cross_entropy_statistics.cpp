@@ -27,6 +27,8 @@ const char* describe(int64_t code) {
     case LocalCheck::kShardSize: return "its logits' class count is not its shard of the classes";
     case LocalCheck::kWeightSize:
       return "its class weight has neither its shard's nor all classes' size";
+    case LocalCheck::kSampledClasses:
+      return "its sampled_classes are not strictly increasing local classes holding its targets";
     default: return "a target value out of range (its targets differ from this rank's)";
   }
 }
@@ -162,7 +164,9 @@ at::Tensor gradient_coefficients(const at::Tensor& grad_loss, const at::Tensor& 
   if (options.z_loss != 0.0) scale = scale + 2.0 * options.z_loss * lse;
 
   at::Tensor coefs = at::empty({rows, kNumGradCoefs}, saved.options());
-  coefs.select(1, kCoefLse).copy_(lse);
+  const at::Tensor lse_rounded = lse.to(acc).to(at::kDouble);
+  coefs.select(1, kCoefLse).copy_(lse_rounded);
+  coefs.select(1, kCoefLseRemainder).copy_(lse - lse_rounded);
   coefs.select(1, kCoefGradScale).copy_(g * scale);
   coefs.select(1, kCoefTargetScale).copy_(g * (1.0 - eps) * target_weight);
   coefs.select(1, kCoefSmoothScale).copy_(g * eps * inv_classes);
@@ -280,12 +284,14 @@ at::Tensor combine_over_group(const CrossEntropyForwardSetup& setup, const at::T
   const at::Tensor weight_sum = gathered.select(1, rows).select(1, kGatheredWeightSum).sum();
 
   const double eps = options.label_smoothing;
-  const double C = static_cast<double>(layout.num_classes);
+  // The classes in the loss: every rank's count, summed. That is num_classes
+  // (the shards were checked above) unless a margin loss sampled classes.
+  const at::Tensor C = gathered.select(1, rows).select(1, kGatheredLocalClasses).sum();
   const at::Tensor valid = setup.target_flat.ne(options.ignore_index);
   at::Tensor row_loss = (1.0 - eps) * target_weight * (lse - target_logit);
   // Only with smoothing: masked (-inf) logits make the weighted sum -inf, and
   // 0 * -inf would turn torch's finite loss into NaN.
-  if (eps != 0.0) row_loss = row_loss + (eps / C) * (weight_sum * lse - weighted_sum);
+  if (eps != 0.0) row_loss = row_loss + eps * C.reciprocal() * (weight_sum * lse - weighted_sum);
   if (options.z_loss != 0.0) row_loss = row_loss + options.z_loss * lse * lse;
   row_loss = at::where(valid, row_loss, at::zeros_like(row_loss));
 
@@ -296,7 +302,7 @@ at::Tensor combine_over_group(const CrossEntropyForwardSetup& setup, const at::T
   saved_rows.select(1, kSavedValid).copy_(valid);
   saved_rows.select(1, kSavedRowLoss).copy_(row_loss);
   at::Tensor saved_trailer = saved.select(0, rows);
-  saved_trailer.select(0, kTrailerClasses).fill_(C);
+  saved_trailer.select(0, kTrailerClasses).copy_(C);
   saved_trailer.select(0, kTrailerOffset).fill_(static_cast<double>(layout.offset));
   saved_trailer.select(0, kTrailerWeightSum).copy_(weight_sum);
   // torch's mean: divided by the summed weight of the targets that count

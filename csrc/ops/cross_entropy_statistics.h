@@ -48,7 +48,13 @@ struct ClassLayout {
 // rank raises after it. Out-of-range targets are found on the device and
 // never read on the host before the gather.
 struct LocalCheck {
-  enum Code : int64_t { kOk = 0, kShardSize = 1, kWeightSize = 2, kTarget = 3 };
+  enum Code : int64_t {
+    kOk = 0,
+    kShardSize = 1,
+    kWeightSize = 2,
+    kTarget = 3,
+    kSampledClasses = 4,  // the margin loss's sampled_classes
+  };
   int64_t code = kOk;
   std::string message;
   at::Tensor target_out_of_range;  // 0-d bool on the device, or undefined

@@ -81,6 +81,16 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("weight"), py::arg("num_embeddings"), py::arg("embedding_dim"), py::arg("row_range"),
       py::arg("col_range"), py::arg("padding_idx"), py::arg("chunk_elements"));
+  // The margin loss's class weights: a normal_(mean, std) table, sliced.
+  m.def(
+      "init_normal_shard_",
+      [](at::Tensor weight, int64_t rows, int64_t cols, shardtorch::nn::Range row_range,
+         shardtorch::nn::Range col_range, double mean, double std, int64_t chunk_elements) {
+        shardtorch::nn::init_normal_shard_(weight, rows, cols, row_range, col_range, mean, std,
+                                           chunk_elements);
+      },
+      py::arg("weight"), py::arg("rows"), py::arg("cols"), py::arg("row_range"),
+      py::arg("col_range"), py::arg("mean"), py::arg("std"), py::arg("chunk_elements"));
   m.def("install_cpu_memory_tracker", &shardtorch::utils::install_cpu_memory_tracker);
   m.def("cpu_memory_tracker_installed", &shardtorch::utils::cpu_memory_tracker_installed);
   m.def("cpu_memory_stats", [] {

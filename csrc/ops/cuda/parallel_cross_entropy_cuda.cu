@@ -167,6 +167,7 @@ __global__ void parallel_cross_entropy_backward_kernel(scalar_t* __restrict__ va
   scalar_t* v = values + row * cols;
   const acc_t* c = coefs + row * kNumGradCoefs;
   const acc_t lse = c[kCoefLse], grad_scale = c[kCoefGradScale];
+  const acc_t lse_remainder = c[kCoefLseRemainder];
   const acc_t target_scale = c[kCoefTargetScale], smooth = c[kCoefSmoothScale];
   const int64_t t = target_local[row] - col_begin;
   const bool ignored = grad_scale == acc_t(0) && smooth == acc_t(0);
@@ -178,7 +179,7 @@ __global__ void parallel_cross_entropy_backward_kernel(scalar_t* __restrict__ va
     for (int i = 0; i < kVec; ++i) {
       acc_t g = 0;
       if (!ignored) {
-        g = grad_scale * exp(static_cast<acc_t>(pack.v[i]) - lse) -
+        g = grad_scale * exp((static_cast<acc_t>(pack.v[i]) - lse) - lse_remainder) -
             smooth * (weight_local != nullptr ? weight_local[col_begin + j + i] : acc_t(1));
         if (j + i == t) g -= target_scale;
       }
