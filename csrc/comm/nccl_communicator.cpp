@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -196,6 +197,14 @@ class NcclCommunicator final : public Communicator {
       c10::cuda::CUDAGuard guard(device_);
       // With the watchdog still on: a peer that never finishes makes it fire.
       static_cast<void>(cudaStreamSynchronize(stream_.stream()));
+    }
+    // A check no later collective came to raise must not vanish unseen.
+    try {
+      settle_checks();
+    } catch (const c10::Error& e) {
+      std::fprintf(stderr, "%s\n", e.what_without_backtrace());
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
     }
     // Stop watching before the communicator goes (handles may keep the
     // watchdog object alive, not its thread).

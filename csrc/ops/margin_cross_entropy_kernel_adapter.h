@@ -2,8 +2,10 @@
 // Adapts one device's row kernels (cross_entropy_kernels.h) to the schemas of
 // parallel_linear_margin_cross_entropy, as cross_entropy_kernel_adapter.h does
 // for the plain losses (whose register_kernels registers these too, so that
-// every device with cross-entropy kernels has the margin loss).
+// every device with cross-entropy kernels has the margin loss). Each runs on
+// its input's device, whichever device is current.
 
+#include <ATen/DeviceGuard.h>
 #include <torch/library.h>
 
 #include "ops/parallel_linear_margin_cross_entropy_impl.h"
@@ -32,6 +34,7 @@ struct MarginCrossEntropyKernelAdapter {
       double m1, double m2, double m3, bool easy_margin, int64_t ignore_index,
       double label_smoothing, int64_t reduction, const std::optional<at::Tensor>& sampled_classes,
       int64_t chunk_size, const std::string& group, std::optional<int64_t> num_classes) {
+    const at::OptionalDeviceGuard device_guard(at::device_of(input));
     return parallel_linear_margin_cross_entropy_forward_impl(
         input, weight, target, margin_of(scale, m1, m2, m3, easy_margin),
         options_of(ignore_index, label_smoothing, reduction), sampled_classes, chunk_size, group,
@@ -55,6 +58,7 @@ struct MarginCrossEntropyKernelAdapter {
       double m3, bool easy_margin, int64_t ignore_index, double label_smoothing, int64_t reduction,
       const std::optional<at::Tensor>& sampled_classes, int64_t chunk_size,
       const std::string& group, std::array<bool, 2> output_mask) {
+    const at::OptionalDeviceGuard device_guard(at::device_of(input));
     return parallel_linear_margin_cross_entropy_backward_impl(
         grad_loss, input, weight, row_stats, target, margin_of(scale, m1, m2, m3, easy_margin),
         options_of(ignore_index, label_smoothing, reduction), sampled_classes, chunk_size, group,

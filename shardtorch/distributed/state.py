@@ -86,7 +86,9 @@ def init_process_group(group_size: Optional[int] = None, backend: Optional[str] 
             (default 1, or the mesh's "tp" size).
         backend: torch.distributed backend when this call initialises it
             (default "gloo", or "cpu:gloo,cuda:nccl" when CUDA is available).
-            CUDA tensors in shard ops always use NCCL directly.
+            CUDA tensors in shard ops always use NCCL directly. An existing
+            torch.distributed of any backend works: under backend="nccl"
+            shardtorch's groups get Gloo for CPU tensors too (groups_backend).
         timeout: how long a collective may wait for a peer before failing
             (default 300 s, or SHARDTORCH_TIMEOUT seconds).
         mesh: an existing DeviceMesh to take the groups from.

@@ -44,3 +44,22 @@ def case_reinit_leaves_the_users_torch_distributed_up():
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def case_nccl_ids_travel_through_each_groups_store():
+    """What an NCCL communicator's creation does first (rank 0 hands its
+    ncclUniqueId to the others through the group's c10d Store, no collective
+    backend involved), here with real processes and torch's own stores: every
+    rank of each group gets its group rank 0's bytes, and a second exchange a
+    fresh key."""
+    world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    ts.distributed.init_process_group(group_size=world)
+    try:
+        for name in ("tp", "dp", "world"):
+            first = ts._C._share_through_group_store(name, f"{name} id from rank {rank}".encode())
+            second = ts._C._share_through_group_store(name, f"{name} again from {rank}".encode())
+            group_root = ts.distributed.get_group_ranks(name)[0]
+            assert first == f"{name} id from rank {group_root}".encode(), first
+            assert second == f"{name} again from {group_root}".encode(), second
+    finally:
+        ts.distributed.destroy_process_group()
