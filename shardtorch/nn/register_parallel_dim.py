@@ -4,7 +4,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..utils.parallel_dim import set_attribute
+from ..utils.parallel_dim import check_mark, set_attribute
 
 
 class RegisterParallelDim(nn.Module):
@@ -18,7 +18,7 @@ class RegisterParallelDim(nn.Module):
 
     def __init__(self, dim: Optional[int] = None) -> None:
         super().__init__()
-        set_attribute(torch.empty(0), dim)  # checks dim
+        check_mark(dim, 0, "RegisterParallelDim")
         self.dim = dim
 
     def forward(self, x):

@@ -32,7 +32,8 @@ FULL_SIZE_ATTR = "parallel_full_size"
 _MARKS = (None, 0, 1, -1)
 
 
-def _check_mark(value, order_type, fn: str) -> None:
+def check_mark(value, order_type, fn: str) -> None:
+    """Raises unless ``value`` and ``order_type`` make a parallel mark."""
     if value not in _MARKS or isinstance(value, bool):
         raise ValueError(f"{fn}: value must be None, 0, 1 or -1 (a dimension of the layer's "
                          f"[in_features, out_features] view, as in TorchShard), got {value!r}")
@@ -46,7 +47,7 @@ def set_attribute(tensor: torch.Tensor, value: Optional[int] = None, order_type:
     """Marks ``tensor`` with ``parallel_dim = value`` and ``order_type`` (see
     the module docstring); ``full_size``: for a column-parallel activation,
     the whole length along its last dimension (None: not known)."""
-    _check_mark(value, order_type, "set_attribute")
+    check_mark(value, order_type, "set_attribute")
     if full_size is not None and (value not in (1, -1) or not isinstance(full_size, int)
                                   or isinstance(full_size, bool) or full_size < 0):
         raise ValueError(f"set_attribute: full_size must be a non-negative int, for a tensor marked "

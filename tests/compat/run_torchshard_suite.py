@@ -139,8 +139,7 @@ def main() -> int:
 
     for name, code, seconds, output in results:
         print(f"=== {name}: {'passed' if code == 0 else f'FAILED ({code})'} in {seconds:.0f} s")
-        if code != 0:
-            print(output[-3000:])
+        print(output[-(600 if code == 0 else 3000):])
     print("\nsummary:")
     for name, code, seconds, _ in results:
         print(f"  {name:70s} {'passed' if code == 0 else 'FAILED'}")

@@ -75,10 +75,9 @@ def check_active_ddp() -> None:
     ddp = TorchDDP._active_ddp_module
     if ddp is None or getattr(ddp, _CHECKED_ATTR, False) or torch.compiler.is_compiling():
         return
+    if not hasattr(ddp, "sharded_gradient_averager"):  # else ts.nn.parallel.DistributedDataParallel set it up
+        _complete(ddp)  # raises again at every forward of a DDP it refuses
     setattr(ddp, _CHECKED_ATTR, True)
-    if hasattr(ddp, "sharded_gradient_averager"):
-        return  # ts.nn.parallel.DistributedDataParallel set it up already
-    _complete(ddp)
 
 
 def _complete(ddp: TorchDDP) -> None:

@@ -2,7 +2,7 @@
 with Gloo, for tests/compat/run_torchshard_suite.py: found first on
 PYTHONPATH, Python imports it at start-up in every process (the ranks that
 torch.multiprocessing spawns included). It changes nothing of what the code
-computes, only where: ``.cuda()`` is the identity, NCCL is Gloo, DDP's
+computes, only where: ``.cuda()`` and ``pin_memory()`` are the identity, NCCL is Gloo, DDP's
 ``device_ids`` are dropped, torch.cuda's
 queries answer as for TORCHSHARD_RANKS devices, AMP is off. Two things that
 are not CUDA: TorchShard's assertEqual opens pdb on a mismatch (which would
@@ -26,7 +26,10 @@ torch.cuda.manual_seed = lambda *args, **kwargs: None
 torch.cuda.manual_seed_all = lambda *args, **kwargs: None
 torch.cuda.current_device = lambda: 0
 torch.Tensor.cuda = lambda self, *args, **kwargs: self
+torch.Tensor.pin_memory = lambda self, *args, **kwargs: self  # DataLoader(pin_memory=True)
 torch.nn.Module.cuda = lambda self, *args, **kwargs: self
+# Optimizers ask a CUDA stream whether a graph is being captured when CUDA "is available".
+torch.optim.Optimizer._accelerator_graph_capture_health_check = lambda self: None
 torch.cuda.amp.autocast = lambda *args, **kwargs: contextlib.nullcontext()
 torch.cuda.amp.GradScaler = lambda *args, **kwargs: torch.amp.GradScaler("cpu", enabled=False)
 
