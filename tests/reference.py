@@ -77,3 +77,46 @@ def expect_error(fn, *fragments, exception=Exception, match=None) -> str:
     except Exception as e:  # noqa: BLE001 - only reached when `exception` is narrower
         raise AssertionError(f"expected {exception}, got {type(e).__name__}: {e}") from e
     raise AssertionError(f"no error; expected {exception} mentioning {fragments or match!r}")
+
+
+def margin_logits_reference(x, full_weight, target, scale, margins, easy_margin=False,
+                            ignore_index=-100):
+    """The margin softmax's logits [*, C] written out plainly, differentiable
+    by autograd: cosines of F.normalize'd rows, the target's replaced by
+    cos(m1 * theta + m2) - m3 while m1 * theta + m2 < pi and by insightface's
+    fallback cos - m3 - m2 * sin(pi - m2) past it (easy_margin: the margin
+    where cos > 0, cos itself elsewhere), times scale."""
+    import math
+
+    import torch.nn.functional as F
+
+    m1, m2, m3 = margins
+    cos = F.normalize(x, dim=-1) @ F.normalize(full_weight, dim=-1).t()
+    valid = target != ignore_index
+    column = torch.where(valid, target, torch.zeros_like(target)).unsqueeze(-1)
+    c = cos.gather(-1, column).squeeze(-1)
+    theta = torch.acos(c.clamp(-1.0, 1.0))
+    margined = torch.cos(m1 * theta + m2) - m3
+    if easy_margin:
+        psi = torch.where(c > 0, margined, c)
+    else:
+        psi = torch.where(m1 * theta + m2 < math.pi, margined, c - m3 - m2 * math.sin(math.pi - m2))
+    onehot = torch.zeros_like(cos, dtype=torch.bool).scatter_(-1, column, valid.unsqueeze(-1))
+    return scale * torch.where(onehot, psi.unsqueeze(-1).expand_as(cos), cos)
+
+
+def margin_cross_entropy_reference(x, full_weight, target, scale, margins, easy_margin=False,
+                                   ignore_index=-100, reduction="mean", label_smoothing=0.0,
+                                   kept_classes=None):
+    """F.cross_entropy of margin_logits_reference; with ``kept_classes`` (sorted
+    global class indices) over those classes only, targets renumbered."""
+    import torch.nn.functional as F
+
+    logits = margin_logits_reference(x, full_weight, target, scale, margins, easy_margin, ignore_index)
+    if kept_classes is not None:
+        logits = logits.index_select(-1, kept_classes)
+        position = torch.searchsorted(kept_classes, target.clamp_min(0))
+        target = torch.where(target == ignore_index, target, position)
+    moved = logits.movedim(-1, 1) if logits.dim() > 2 else logits
+    return F.cross_entropy(moved, target, ignore_index=ignore_index, reduction=reduction,
+                           label_smoothing=label_smoothing)

@@ -43,19 +43,38 @@ std::vector<Range> embedding_chunk_bounds(int64_t rows, int64_t cols, int64_t ch
   return bounds;
 }
 
+namespace {
+
+// The whole [rows, cols] table drawn chunk by chunk with normal_(mean, std),
+// this shard's block kept.
+void draw_normal_chunks(at::Tensor& target, int64_t rows, int64_t cols, Range row_range,
+                        Range col_range, double mean, double std, int64_t chunk_elements) {
+  for (const auto& [first, last] : embedding_chunk_bounds(rows, cols, chunk_elements)) {
+    auto chunk = at::empty({last - first, cols}, at::TensorOptions().dtype(target.scalar_type()))
+                     .normal_(mean, std);
+    copy_chunk_block(target, chunk, first, row_range, col_range);
+  }
+}
+
+}  // namespace
+
+void init_normal_shard_(at::Tensor& weight, int64_t rows, int64_t cols, Range row_range,
+                        Range col_range, double mean, double std, int64_t chunk_elements) {
+  check_shard_shape(weight, row_range, col_range, "init_normal_shard_");
+  c10::NoGradGuard no_grad;
+  fill_on_cpu(weight, [&](at::Tensor& target) {
+    draw_normal_chunks(target, rows, cols, row_range, col_range, mean, std, chunk_elements);
+  });
+}
+
 void init_embedding_shard_(at::Tensor& weight, int64_t num_embeddings, int64_t embedding_dim,
                            Range row_range, Range col_range, std::optional<int64_t> padding_idx,
                            int64_t chunk_elements) {
   check_shard_shape(weight, row_range, col_range, "init_embedding_shard_");
   c10::NoGradGuard no_grad;
   fill_on_cpu(weight, [&](at::Tensor& target) {
-    for (const auto& [first, last] :
-         embedding_chunk_bounds(num_embeddings, embedding_dim, chunk_elements)) {
-      auto chunk =
-          at::empty({last - first, embedding_dim}, at::TensorOptions().dtype(weight.scalar_type()))
-              .normal_();
-      copy_chunk_block(target, chunk, first, row_range, col_range);
-    }
+    draw_normal_chunks(target, num_embeddings, embedding_dim, row_range, col_range, 0.0, 1.0,
+                       chunk_elements);
     if (padding_idx.has_value() && row_range.first <= *padding_idx &&
         *padding_idx < row_range.second) {
       target.select(0, *padding_idx - row_range.first).fill_(0);

@@ -42,5 +42,14 @@ void init_embedding_shard_(at::Tensor& weight, int64_t num_embeddings, int64_t e
                            std::optional<int64_t> padding_idx = std::nullopt,
                            int64_t chunk_elements = kInitChunkElements);
 
+// Fills `weight` (rows `row_range`, columns `col_range`) as
+// torch::empty({rows, cols}).normal_(mean, std) on the CPU generator would fill
+// the whole table (the same chunked draw as an Embedding's): the
+// initialisation of a margin loss's class weights (PartialFC's
+// normal_(0, 0.01)), sliced.
+void init_normal_shard_(at::Tensor& weight, int64_t rows, int64_t cols, Range row_range,
+                        Range col_range, double mean, double std,
+                        int64_t chunk_elements = kInitChunkElements);
+
 }  // namespace nn
 }  // namespace shardtorch

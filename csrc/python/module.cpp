@@ -9,6 +9,7 @@
 #include "comm/registry.h"
 #include <shardtorch/nn/embedding_init.h>
 #include <shardtorch/nn/init.h>
+#include "python/comm_testing_binding.h"
 #include "python/watchdog_binding.h"
 #include <shardtorch/build_info.h>
 #include <shardtorch/topology/topology.h>
@@ -80,6 +81,16 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("weight"), py::arg("num_embeddings"), py::arg("embedding_dim"), py::arg("row_range"),
       py::arg("col_range"), py::arg("padding_idx"), py::arg("chunk_elements"));
+  // The margin loss's class weights: a normal_(mean, std) table, sliced.
+  m.def(
+      "init_normal_shard_",
+      [](at::Tensor weight, int64_t rows, int64_t cols, shardtorch::nn::Range row_range,
+         shardtorch::nn::Range col_range, double mean, double std, int64_t chunk_elements) {
+        shardtorch::nn::init_normal_shard_(weight, rows, cols, row_range, col_range, mean, std,
+                                           chunk_elements);
+      },
+      py::arg("weight"), py::arg("rows"), py::arg("cols"), py::arg("row_range"),
+      py::arg("col_range"), py::arg("mean"), py::arg("std"), py::arg("chunk_elements"));
   m.def("install_cpu_memory_tracker", &shardtorch::utils::install_cpu_memory_tracker);
   m.def("cpu_memory_tracker_installed", &shardtorch::utils::cpu_memory_tracker_installed);
   m.def("cpu_memory_stats", [] {
@@ -89,6 +100,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("reset_cpu_peak_memory", &shardtorch::utils::reset_cpu_peak_memory);
 
   shardtorch::python::bind_watchdog(m);
+  shardtorch::python::bind_comm_testing(m);
 
   m.attr("cuda_built") = py::bool_(shardtorch::kBuiltWithCuda);
   m.attr("version") = shardtorch::kVersion;

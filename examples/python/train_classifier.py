@@ -71,6 +71,16 @@ def build_parser():
                         "gradients and optimizer state sharded over it too")
     p.add_argument("--fused-loss", action="store_true",
                    help="compute classifier + loss chunk by chunk without materialising the logits")
+    p.add_argument("--loss", choices=["softmax", "arcface", "cosface"], default="softmax",
+                   help="softmax: a column-parallel classifier and the parallel cross-entropy; arcface / cosface: "
+                        "ts.nn.ParallelMarginLoss, the margin softmax of identity recognition, which owns the "
+                        "class-sharded weight (default: softmax)")
+    p.add_argument("--sample-rate", type=float, default=1.0,
+                   help="margin losses: PartialFC class sampling, the share of each rank's classes kept per step "
+                        "besides the batch's targets, in (0, 1]; rows not kept and their momentum stay put "
+                        "(ts.optim.RowSparseSGD) (default: 1.0)")
+    p.add_argument("--margin-scale", type=float, default=64.0,
+                   help="margin losses: the scale s of the cosine logits (default: 64)")
     p.add_argument("--save", default=None, help="directory to save a checkpoint to at the end (and every --save-every)")
     p.add_argument("--save-every", type=int, default=0, help="also save every N steps (default: only at the end)")
     p.add_argument("--resume", default=None,
@@ -98,7 +108,17 @@ def build_parser():
 
 
 def parse_args(argv=None):
-    return build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not 0.0 < args.sample_rate <= 1.0:
+        parser.error(f"--sample-rate must be in (0, 1], got {args.sample_rate}")
+    if args.sample_rate != 1.0 and args.loss == "softmax":
+        parser.error("--sample-rate samples the classes of a margin loss: use it with --loss arcface or cosface")
+    if args.sample_rate != 1.0 and args.layout == "2d":
+        # torch's DDP all-reduces sparse gradients of nn.Embedding only.
+        parser.error("--sample-rate < 1 gives the class weights row-sparse gradients, which DDP's 2d layout "
+                     "cannot average: use --layout hybrid")
+    return args
 
 
 # ----------------------------------------------------------------------------- data
@@ -172,12 +192,15 @@ class ShardedClassifier(nn.Module):
         self.backbone, self.head = backbone, head
         self.gather_batch, self.fused_loss = gather_batch, fused_loss
         self.criterion = ts.nn.ParallelCrossEntropyLoss(parallel=True)
+        self.margin_loss = isinstance(head, ts.nn.ParallelMarginLoss)
 
     def forward(self, images, labels):
         features = self.backbone(images)
         if self.gather_batch:  # TorchShard's recipe: gather the batch before the sharded head
             features = ts.distributed.gather(features, dim=0)
             labels = ts.distributed.gather(labels, dim=0)
+        if self.margin_loss:  # the margin softmax owns the class weights; chunk by chunk, no logits
+            return self.head(features, labels), features.detach(), labels
         if self.fused_loss:  # classifier + loss chunk by chunk: the logits never exist whole
             # num_classes known here: no exchange of shard sizes on top of the loss's one collective
             # (the head's own method: under fully_shard its parameters are gathered for it)
@@ -327,7 +350,12 @@ def main(argv=None):
 
     dtype = getattr(torch, args.dtype)
     backbone = make_backbone(args.backbone, args.features).to(device=device, dtype=dtype)
-    head = ts.nn.ParallelLinear(args.features, num_classes, dim=1, device=device, dtype=dtype)
+    if args.loss == "softmax":
+        head = ts.nn.ParallelLinear(args.features, num_classes, dim=1, device=device, dtype=dtype)
+    else:
+        head = ts.nn.ParallelMarginLoss(args.features, num_classes, scale=args.margin_scale,
+                                        margins=ts.nn.MARGIN_PRESETS[args.loss], sample_rate=args.sample_rate,
+                                        device=device, dtype=dtype, seed=args.seed)
     model_parts = {"backbone": backbone, "head": head}
     model = ShardedClassifier(backbone, head, gather_batch=args.layout == "hybrid", fused_loss=args.fused_loss)
     if args.fsdp:  # FSDP2: the head over "dp", the rest over "dp" (2d) or the world (hybrid)
@@ -342,6 +370,9 @@ def main(argv=None):
         optimizer = ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.SGD,
                                             process_group=ts.distributed.get_data_parallel_group(),
                                             lr=args.lr, momentum=args.momentum)
+    elif args.loss != "softmax":
+        # Row-sparse gradients of sampled classes: only the kept rows and their momentum move.
+        optimizer = ts.optim.RowSparseSGD(params, lr=args.lr, momentum=args.momentum)
     else:
         optimizer = torch.optim.SGD(params, lr=args.lr, momentum=args.momentum)
     amp_dtype = torch.bfloat16 if device.type == "cpu" else torch.float16
@@ -365,14 +396,17 @@ def main(argv=None):
         # over the sharded classes: the logits are never gathered.
         with torch.no_grad():
             k = min(5, num_classes)
-            if args.fused_loss:  # the logits were never materialised: score the classifier chunk by chunk
-                if args.fsdp:
-                    head.unshard()  # fully_shard gathers the head's parameters only around its forward methods
+            scores_from_weights = args.fused_loss or args.loss != "softmax"  # the logits were never materialised
+            if args.fsdp and scores_from_weights:
+                head.unshard()  # fully_shard gathers the head's parameters only around its forward methods
+            if args.loss != "softmax":  # cosine scores of the margin loss's classes, chunk by chunk
+                _, top = ts.nn.functional.parallel_linear_topk(logits, head.weight, k=k, normalize=True)
+            elif args.fused_loss:  # score the classifier chunk by chunk
                 _, top = ts.nn.functional.parallel_linear_topk(logits, head.weight, head.bias, k=k)
-                if args.fsdp:
-                    head.reshard()
             else:
                 _, top = ts.nn.functional.parallel_topk(logits, k)
+            if args.fsdp and scores_from_weights:
+                head.reshard()
             hits = top == labels.unsqueeze(-1)
         (scaler.scale(loss) if scaler else loss).backward()
         if scaler:

@@ -8,10 +8,11 @@ from torch.distributed.tensor import DTensor
 
 from .. import _C
 from ..distributed import state
-from ..utils.parallel_dim import is_sharded_on_last_dim, register_parallel_dim
+from ..utils.parallel_dim import is_sharded_on_last_dim, register_parallel_dim, set_attribute
 from ..utils.shard_facts import register_shard
 from ..utils.shards import shard_range
 from .convert import replace_modules
+from .parallel.plain_ddp import check_active_ddp, register_ddp_parameters_to_ignore
 from .init import draw_on_cpu_, init_linear_shard_
 
 _DIMS = (None, 0, 1, -1)
@@ -69,11 +70,12 @@ class ParallelLinear(nn.Module):
                                                **factory))
         bias_size = out_range[1] - out_range[0]
         self.bias = nn.Parameter(torch.empty(bias_size, **factory)) if bias else None
-        # Which dimension of the full parameter each shard was cut along: on
-        # the layer (it survives wrappers), and on the tensors for TorchShard's readers.
-        register_parallel_dim(self.weight, {None: None, 0: 1, 1: 0, -1: 0}[dim])
+        # The shard facts live on the layer (they survive wrappers); the
+        # tensors also carry TorchShard's mark (the layer's dim, order_type 0:
+        # the weight stores the [in, out] view reversed) for its readers.
+        set_attribute(self.weight, dim, order_type=0)
         if self.bias is not None:
-            register_parallel_dim(self.bias, 0 if dim in (1, -1) else None)
+            set_attribute(self.bias, dim, order_type=0)
         if dim in (1, -1):
             register_shard(self, "weight", 0, out_features, group)
             if self.bias is not None:
@@ -129,6 +131,7 @@ class ParallelLinear(nn.Module):
 
     @torch.jit.unused
     def _check_marked_input(self, input: torch.Tensor) -> None:
+        check_active_ddp()
         if self.dim == 0 and is_sharded_on_last_dim(input) and input.shape[-1] != self.weight.shape[1]:
             raise ValueError(
                 f"ParallelLinear(dim=0): input is marked as sharded on its last dim but has "
@@ -159,9 +162,14 @@ class ParallelLinear(nn.Module):
         return layer
 
     @classmethod
-    def convert_parallel_linear(cls, module: nn.Module, dim: Optional[int],
+    def convert_parallel_linear(cls, module: nn.Module, dim: Optional[int] = None,
                                 group: str = state.TENSOR_PARALLEL) -> nn.Module:
         """Replaces every torch.nn.Linear in ``module`` (nested ones too, and
-        ``module`` itself) by a ParallelLinear keeping its trained weights."""
-        return replace_modules(module, nn.Linear, lambda linear: cls.from_linear(linear, dim, group),
-                               ParallelLinear)
+        ``module`` itself) by a ParallelLinear keeping its trained weights,
+        and, as TorchShard, tells a torch DistributedDataParallel wrapped
+        around the result to leave the shards alone
+        (``ts.register_ddp_parameters_to_ignore``)."""
+        converted = replace_modules(module, nn.Linear, lambda linear: cls.from_linear(linear, dim, group),
+                                    ParallelLinear)
+        register_ddp_parameters_to_ignore(converted)
+        return converted

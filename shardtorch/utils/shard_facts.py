@@ -11,9 +11,11 @@ length along it and the group; every shardtorch function that needs to know
 ``named_parameter_shards``.
 
 A parameter that no module registered but that carries a parallel mark on the
-tensor (``shardtorch.utils.register_parallel_dim``, the way hand-written
-TorchShard-style layers mark theirs) is read from that mark, with its full
-size unknown (the checkpoint code then asks the group for it).
+tensor (``ts.register_parallel_dim`` / ``ts.set_attribute``, the way
+hand-written TorchShard-style layers mark theirs) is read from that mark, with
+TorchShard's meaning (the layer's dim and ``order_type``, translated by
+``shardtorch.utils.parallel_dim.parameter_split_dim``), its full size unknown
+(the checkpoint code then asks the group for it).
 """
 from dataclasses import dataclass
 from typing import Dict, Iterator, Optional, Tuple
@@ -22,7 +24,7 @@ import torch
 from torch import nn
 
 from ..distributed import state
-from .parallel_dim import get_parallel_dim
+from .parallel_dim import parameter_split_dim
 
 _SPECS_ATTR = "_shardtorch_shard_specs"
 
@@ -63,12 +65,12 @@ def registered_shards(module: nn.Module) -> Dict[str, ShardSpec]:
     return dict(module.__dict__.get(_SPECS_ATTR, {}))
 
 
-def _spec_from_tensor_mark(module: nn.Module, param: torch.Tensor) -> Optional[ShardSpec]:
-    dim = get_parallel_dim(param)
+def _spec_from_tensor_mark(module: nn.Module, name: str, param: torch.Tensor) -> Optional[ShardSpec]:
+    dim = parameter_split_dim(param, f"parameter {name!r} of {type(module).__name__}")
     if dim is None:
         return None
     group = getattr(module, "group", None)
-    return ShardSpec(dim % param.dim(), None, group if isinstance(group, str) else state.TENSOR_PARALLEL)
+    return ShardSpec(dim, None, group if isinstance(group, str) else state.TENSOR_PARALLEL)
 
 
 def named_parameter_shards(model: nn.Module) -> Iterator[Tuple[str, torch.Tensor, ShardSpec]]:
@@ -84,6 +86,6 @@ def named_parameter_shards(model: nn.Module) -> Iterator[Tuple[str, torch.Tensor
         for name, param in module._parameters.items():
             if param is None:
                 continue
-            spec = specs.get(name) or _spec_from_tensor_mark(module, param)
+            spec = specs.get(name) or _spec_from_tensor_mark(module, name, param)
             if spec is not None:
                 yield (f"{prefix}.{name}" if prefix else name), param, spec

@@ -42,7 +42,18 @@ def test_help_documents_every_flag():
         assert action.help, f"{action.option_strings} has no help text"
 
 
-@pytest.mark.parametrize("extra", [[], ["--fused-loss"], ["--layout", "2d", "--group-size", "1"]])
+def test_sample_rate_needs_a_margin_loss_and_a_rate_in_range(capsys):
+    program = _load_program()
+    for argv, fragment in ((["--sample-rate", "0.5"], "use it with --loss arcface or cosface"),
+                           (["--loss", "arcface", "--sample-rate", "0"], "--sample-rate must be in (0, 1], got 0.0")):
+        with pytest.raises(SystemExit):
+            program.parse_args(argv)
+        assert fragment in capsys.readouterr().err
+    assert program.parse_args(["--loss", "cosface", "--sample-rate", "0.1"]).sample_rate == 0.1
+
+
+@pytest.mark.parametrize("extra", [[], ["--fused-loss"], ["--layout", "2d", "--group-size", "1"],
+                                   ["--loss", "arcface", "--sample-rate", "0.3"]])
 def test_loss_decreases_and_memory_summary_is_printed(tmp_path, extra):
     losses, output = _train(tmp_path, "run", "--steps", "24", *extra)
     first, last = sum(losses[s] for s in range(4)) / 4, sum(losses[s] for s in range(20, 24)) / 4
@@ -50,11 +61,12 @@ def test_loss_decreases_and_memory_summary_is_printed(tmp_path, extra):
     assert "[rank 0] parameters" in output and "peak training memory" in output, output[-2000:]
 
 
-def test_resume_continues_exactly(tmp_path):
+@pytest.mark.parametrize("loss", [[], ["--loss", "arcface", "--sample-rate", "0.4"]])
+def test_resume_continues_exactly(tmp_path, loss):
     checkpoint = tmp_path / "ckpt"
-    straight, _ = _train(tmp_path, "straight", "--steps", "6")
-    _train(tmp_path, "first_half", "--steps", "3", "--save", checkpoint)
-    resumed, _ = _train(tmp_path, "resumed", "--steps", "6", "--resume", checkpoint)
+    straight, _ = _train(tmp_path, "straight", "--steps", "6", *loss)
+    _train(tmp_path, "first_half", "--steps", "3", "--save", checkpoint, *loss)
+    resumed, _ = _train(tmp_path, "resumed", "--steps", "6", "--resume", checkpoint, *loss)
     assert sorted(resumed) == [3, 4, 5]
     for step in (3, 4, 5):
         assert resumed[step] == pytest.approx(straight[step], rel=1e-6, abs=1e-7), (step, resumed, straight)

@@ -16,9 +16,11 @@ data-parallel dimension too (fully_sharded.py).
 """
 from .distributed import LAYOUTS, DistributedDataParallel
 from .fully_sharded import fully_shard
+from .plain_ddp import register_ddp_parameters_to_ignore
 from .sharded_gradients import ShardedGradientAverager
 from .sharded_parameters import (is_sharded_parameter, named_sharded_parameters, sharded_parameter_names,
                                  sharded_parameters)
 
-__all__ = ["DistributedDataParallel", "LAYOUTS", "fully_shard", "ShardedGradientAverager", "is_sharded_parameter",
+__all__ = ["DistributedDataParallel", "LAYOUTS", "fully_shard", "register_ddp_parameters_to_ignore",
+           "ShardedGradientAverager", "is_sharded_parameter",
            "named_sharded_parameters", "sharded_parameter_names", "sharded_parameters"]

@@ -82,6 +82,13 @@ def _hybrid(module: nn.Module, ddp_kwargs: dict) -> TorchDDP:
 
 
 def _two_d(module: nn.Module, ddp_kwargs: dict) -> TorchDDP:
+    # A DDP over the data-parallel group holds one copy of each shard and
+    # averages it exactly: the shards that register_ddp_parameters_to_ignore
+    # (or a converter) asked a world DDP to leave alone go back to it.
+    if hasattr(module, "_ddp_params_and_buffers_to_ignore"):
+        names = set(sharded_parameter_names(module))
+        TorchDDP._set_params_and_buffers_to_ignore_for_model(
+            module, [n for n in module._ddp_params_and_buffers_to_ignore if n not in names])
     shards = {id(p) for p in sharded_parameters(module)}
     replicated = [p for p in module.parameters() if id(p) not in shards]
     _broadcast_from_first_rank(replicated + list(module.buffers()), state.get_group(state.TENSOR_PARALLEL))

@@ -6,17 +6,19 @@ from typing import Iterator, List, Tuple
 import torch
 from torch import nn
 
-from ...utils.parallel_dim import get_parallel_dim
+from ...utils.parallel_dim import parameter_split_dim
 from ...utils.shard_facts import named_parameter_shards
 
 
 def is_sharded_parameter(parameter: torch.Tensor) -> bool:
-    """True when ``parameter`` carries a parallel mark on the tensor itself.
+    """True when ``parameter`` carries a parallel mark on the tensor itself
+    that says it is a shard (TorchShard's meaning: a whole bias of a
+    row-parallel layer, marked 0, is not).
 
     The mark is lost when a wrapper replaces the tensor; to ask about the
     parameters of a model, use ``named_sharded_parameters(model)``, which also
     reads what the layers recorded on themselves."""
-    return get_parallel_dim(parameter) is not None
+    return parameter_split_dim(parameter) is not None
 
 
 def named_sharded_parameters(model: nn.Module) -> Iterator[Tuple[str, nn.Parameter]]:

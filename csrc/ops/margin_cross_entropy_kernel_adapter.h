@@ -1,0 +1,72 @@
+#pragma once
+// Adapts one device's row kernels (cross_entropy_kernels.h) to the schemas of
+// parallel_linear_margin_cross_entropy, as cross_entropy_kernel_adapter.h does
+// for the plain losses (whose register_kernels registers these too, so that
+// every device with cross-entropy kernels has the margin loss).
+
+#include <torch/library.h>
+
+#include "ops/parallel_linear_margin_cross_entropy_impl.h"
+
+namespace shardtorch {
+namespace ops {
+
+template <typename Kernels>
+struct MarginCrossEntropyKernelAdapter {
+  static const CrossEntropyKernels& kernels() {
+    static const Kernels instance;
+    return instance;
+  }
+
+  static MarginOptions margin_of(double scale, double m1, double m2, double m3, bool easy_margin) {
+    return MarginOptions{scale, m1, m2, m3, easy_margin};
+  }
+
+  static CrossEntropyOptions options_of(int64_t ignore_index, double label_smoothing,
+                                        int64_t reduction) {
+    return CrossEntropyOptions{ignore_index, label_smoothing, /*z_loss=*/0.0, reduction};
+  }
+
+  static std::tuple<at::Tensor, at::Tensor> forward(
+      const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target, double scale,
+      double m1, double m2, double m3, bool easy_margin, int64_t ignore_index,
+      double label_smoothing, int64_t reduction, const std::optional<at::Tensor>& sampled_classes,
+      int64_t chunk_size, const std::string& group, std::optional<int64_t> num_classes) {
+    return parallel_linear_margin_cross_entropy_forward_impl(
+        input, weight, target, margin_of(scale, m1, m2, m3, easy_margin),
+        options_of(ignore_index, label_smoothing, reduction), sampled_classes, chunk_size, group,
+        num_classes, kernels());
+  }
+
+  static at::Tensor loss(const at::Tensor& input, const at::Tensor& weight,
+                         const at::Tensor& target, double scale, double m1, double m2, double m3,
+                         bool easy_margin, int64_t ignore_index, double label_smoothing,
+                         int64_t reduction, const std::optional<at::Tensor>& sampled_classes,
+                         int64_t chunk_size, const std::string& group,
+                         std::optional<int64_t> num_classes) {
+    return std::get<0>(forward(input, weight, target, scale, m1, m2, m3, easy_margin, ignore_index,
+                               label_smoothing, reduction, sampled_classes, chunk_size, group,
+                               num_classes));
+  }
+
+  static std::tuple<at::Tensor, at::Tensor> backward(
+      const at::Tensor& grad_loss, const at::Tensor& input, const at::Tensor& weight,
+      const at::Tensor& row_stats, const at::Tensor& target, double scale, double m1, double m2,
+      double m3, bool easy_margin, int64_t ignore_index, double label_smoothing, int64_t reduction,
+      const std::optional<at::Tensor>& sampled_classes, int64_t chunk_size,
+      const std::string& group, std::array<bool, 2> output_mask) {
+    return parallel_linear_margin_cross_entropy_backward_impl(
+        grad_loss, input, weight, row_stats, target, margin_of(scale, m1, m2, m3, easy_margin),
+        options_of(ignore_index, label_smoothing, reduction), sampled_classes, chunk_size, group,
+        output_mask, kernels());
+  }
+
+  static void register_kernels(torch::Library& m) {
+    m.impl("parallel_linear_margin_cross_entropy", TORCH_FN(loss));
+    m.impl("_parallel_linear_margin_cross_entropy_forward", TORCH_FN(forward));
+    m.impl("_parallel_linear_margin_cross_entropy_backward", TORCH_FN(backward));
+  }
+};
+
+}  // namespace ops
+}  // namespace shardtorch

@@ -1,0 +1,159 @@
+"""parallel_linear_margin_cross_entropy in one process (a world-1 group):
+opcheck, gradcheck, TorchScript, torch.compile, sampled classes, errors, and
+its memory against the class count. Multi-rank semantics: tests/distributed/
+cases_margin.py."""
+import pytest
+import torch
+
+import shardtorch as ts
+from tests.reference import margin_cross_entropy_reference
+
+OPS = torch.ops.shard
+ARCFACE = ts.nn.MARGIN_PRESETS["arcface"]
+
+
+def _inputs(rows=6, classes=9, features=4, seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, features, generator=g, dtype=dtype)
+    w = torch.randn(classes, features, generator=g, dtype=dtype)
+    target = torch.randint(0, classes, (rows,), generator=g)
+    return x, w, target
+
+
+def test_opcheck():
+    x, w, target = _inputs()
+    target[0] = -100
+    kept = torch.unique(torch.cat([target[target >= 0], torch.tensor([0, 8])]))
+    for margins, easy, reduction, sampled in ((ARCFACE, False, 1, None), ((1.0, 0.0, 0.35), True, 0, None),
+                                              ((1.35, 0.2, 0.1), False, 2, kept)):
+        args = (x.clone().requires_grad_(), w.clone().requires_grad_(), target, 16.0, *margins, easy,
+                -100, 0.1, reduction, sampled, 4, "tp", None)
+        if sampled is None:  # the sampled weight gradient is sparse: opcheck's autograd check compares dense
+            torch.library.opcheck(OPS.parallel_linear_margin_cross_entropy.default, args)
+        torch.library.opcheck(OPS._parallel_linear_margin_cross_entropy_forward.default,
+                              (x, w, target, 16.0, *margins, easy, -100, 0.1, reduction, sampled, 4, "tp", 9))
+        _, stats = OPS._parallel_linear_margin_cross_entropy_forward(x, w, target, 16.0, *margins, easy, -100,
+                                                                     0.1, reduction, sampled, 4, "tp", 9)
+        grad = torch.ones(6, dtype=torch.float64) if reduction == 0 else torch.tensor(1.0, dtype=torch.float64)
+        torch.library.opcheck(OPS._parallel_linear_margin_cross_entropy_backward.default,
+                              (grad, x, w, stats, target, 16.0, *margins, easy, -100, 0.1, reduction, sampled,
+                               4, "tp", [True, True]))
+
+
+@pytest.mark.parametrize("margins,easy", [(ARCFACE, False), (ARCFACE, True), ((1.0, 0.0, 0.35), False),
+                                          ((1.35, 0.3, 0.2), False)])
+def test_gradcheck(margins, easy):
+    x, w, target = _inputs(rows=4, classes=5, features=3, seed=1)
+    target[2] = -100
+    assert torch.autograd.gradcheck(
+        lambda i, ww: OPS.parallel_linear_margin_cross_entropy(i, ww, target, 4.0, *margins, easy, -100, 0.2,
+                                                               1, None, 2, "tp"),
+        (x.requires_grad_(), w.requires_grad_()))
+
+
+def test_sampled_classes_restrict_the_loss_and_give_a_sparse_gradient():
+    x, w, target = _inputs(rows=5, classes=11, features=4, seed=2)
+    kept = torch.unique(torch.cat([target, torch.tensor([0, 10, 4])]))
+    x_a, w_a = x.clone().requires_grad_(), w.clone().requires_grad_()
+    loss = ts.nn.functional.parallel_margin_cross_entropy(x_a, w_a, target, 16.0, ARCFACE, label_smoothing=0.1,
+                                                          sampled_classes=kept, chunk_size=3)
+    loss.backward()
+    x_r, w_r = x.clone().requires_grad_(), w.clone().requires_grad_()
+    ref = margin_cross_entropy_reference(x_r, w_r, target, 16.0, ARCFACE, label_smoothing=0.1, kept_classes=kept)
+    ref.backward()
+    torch.testing.assert_close(loss, ref, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(x_a.grad, x_r.grad, rtol=1e-10, atol=1e-10)
+    assert w_a.grad.layout == torch.sparse_coo
+    assert torch.equal(w_a.grad.coalesce().indices()[0], kept)
+    torch.testing.assert_close(w_a.grad.to_dense(), w_r.grad, rtol=1e-10, atol=1e-10)
+
+
+def test_sampled_classes_errors():
+    x, w, target = _inputs(rows=4, classes=9, seed=3)
+    target = torch.tensor([1, 5, 5, 7])
+    fn = ts.nn.functional.parallel_margin_cross_entropy
+    for kept, fragment in ((torch.tensor([1, 5]), "a target that is not among them"),
+                           (torch.tensor([1, 7, 5]), "indices not strictly increasing"),
+                           (torch.tensor([1, 5, 7, 9]), "an index out of range")):
+        with pytest.raises(RuntimeError, match="sampled_classes must be strictly increasing") as info:
+            fn(x, w, target, sampled_classes=kept)
+        assert fragment in str(info.value)
+    with pytest.raises(RuntimeError, match="sampled_classes must be a 1-D int64 tensor"):
+        fn(x, w, target, sampled_classes=torch.tensor([1.0, 5.0, 7.0]))
+
+
+def test_torchscript():
+    def loss_fn(x: torch.Tensor, w: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return torch.ops.shard.parallel_linear_margin_cross_entropy(x, w, target, 16.0, 1.0, 0.5, 0.0, False,
+                                                                    -100, 0.1, 1, None, 4, "tp")
+
+    scripted = torch.jit.script(loss_fn)
+    x, w, target = _inputs()
+    x_a, w_a = x.clone().requires_grad_(), w.clone().requires_grad_()
+    scripted(x_a, w_a, target).backward()
+    x_r, w_r = x.clone().requires_grad_(), w.clone().requires_grad_()
+    margin_cross_entropy_reference(x_r, w_r, target, 16.0, ARCFACE, label_smoothing=0.1).backward()
+    torch.testing.assert_close(x_a.grad, x_r.grad, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(w_a.grad, w_r.grad, rtol=1e-10, atol=1e-10)
+
+
+def test_torch_compile_matches_eager():
+    torch._dynamo.reset()
+    x0, w0, target = _inputs(rows=6, classes=9)
+    target[3] = -100
+
+    def step(x, w):
+        arc = OPS.parallel_linear_margin_cross_entropy(x, w, target, 32.0, 1.0, 0.5, 0.0, False, -100, 0.0, 1,
+                                                       None, 4, "tp")
+        cos = OPS.parallel_linear_margin_cross_entropy(x, w, target, 32.0, 1.0, 0.0, 0.35, True, -100, 0.1, 2,
+                                                       None, 4, "tp")
+        return arc + cos
+
+    results = []
+    for fn in (step, torch.compile(step, fullgraph=True, backend="aot_eager")):
+        args = [t.clone().requires_grad_() for t in (x0, w0)]
+        out = fn(*args)
+        out.backward()
+        results.append((out.detach(), [a.grad for a in args]))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-12, atol=1e-12)
+    for eager_grad, compiled_grad in zip(results[0][1], results[1][1]):
+        torch.testing.assert_close(eager_grad, compiled_grad, rtol=1e-12, atol=1e-12)
+
+
+def _peak_bytes_of(fn):
+    from shardtorch.utils.memory import PeakMemory
+
+    with PeakMemory("cpu") as peak:
+        fn()
+    return peak.peak_bytes
+
+
+def test_peak_memory_does_not_grow_with_classes():
+    """Forward and backward of the margin loss at 2,048 and 16,384 classes:
+    beyond the weight gradient it must return, what the loss holds does not
+    depend on the class count (the control, cosine logits materialised, grows
+    by [rows, classes])."""
+    torch.manual_seed(0)
+    rows, features, chunk = 64, 32, 256
+    x = torch.randn(rows, features, requires_grad=True)
+    target = torch.randint(0, 2048, (rows,))
+    fused, control = {}, {}
+    for classes in (2048, 16384):
+        w = torch.randn(classes, features, requires_grad=True)
+
+        def run_fused():
+            ts.nn.functional.parallel_margin_cross_entropy(x, w, target, 64.0, ARCFACE,
+                                                           chunk_size=chunk).backward()
+
+        def run_control():
+            logits = torch.nn.functional.normalize(x) @ torch.nn.functional.normalize(w).t()
+            torch.nn.functional.cross_entropy(logits * 64.0, target).backward()
+
+        for run, peaks in ((run_fused, fused), (run_control, control)):
+            run()
+            w.grad = x.grad = None
+            peaks[classes] = _peak_bytes_of(run) - w.numel() * w.element_size()
+            w.grad = x.grad = None
+    assert control[16384] - control[2048] >= rows * (16384 - 2048) * 4, (fused, control)
+    assert fused[2048] > 0, fused
+    assert fused[16384] <= fused[2048] + 64 * 1024, (fused, control)
