@@ -12,6 +12,7 @@ unsharded on the same rank. Writes a Markdown table and a PNG.
 
     python benchmarks/memory_scaling.py                         # 4 CPU ranks, small sizes
     python benchmarks/memory_scaling.py --device cuda --nproc 8 --classes 100000,500000,1000000
+    python benchmarks/memory_scaling.py --only-state              # the model-state table alone
 """
 import argparse
 import os
@@ -91,12 +92,15 @@ def main():
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--state-classes", type=int, default=100000,
                    help="classes of the model-state table (DDP, FSDP2, with and without shardtorch)")
-    p.add_argument("--only-state", action="store_true", help="only the model-state table")
+    p.add_argument("--only-state", action="store_true", help="only the model-state table (to OUT_state.md)")
     p.add_argument("--out", default=os.path.join(REPO, "benchmarks", "memory_scaling"))
     args = p.parse_args()
     if args.only_state:
         lines = state_table(args)
+        with open(args.out + "_state.md", "w") as f:
+            f.write("\n".join(lines) + "\n")
         print("\n".join(lines))
+        print(f"wrote {args.out}_state.md")
         return
     classes = [int(c) for c in args.classes.split(",")]
     rows = []

@@ -441,3 +441,30 @@ def case_a_mark_naming_the_wrong_dimension_is_refused_on_every_rank():
     ts.utils.register_parallel_dim(layer.weight, 0)
     expect_error(lambda: ts.collect_state_dict(layer, layer.state_dict()), "'weight'", "split along dim 1",
                  "differ in another dimension", exception=RuntimeError)
+
+
+def case_fully_shard_checks_its_arguments():
+    expect_error(lambda: ts.nn.parallel.fully_shard(build(True), layout="3d"),
+                 "layout must be one of ('hybrid', '2d'), got '3d'", exception=ValueError)
+    # dims named the other way round: "tp" holds {0, 2}, shardtorch's tensor-parallel group is {0, 1}.
+    strided = torch.distributed.device_mesh.init_device_mesh("cpu", (2, 2), mesh_dim_names=("tp", "dp"))
+    expect_error(lambda: ts.nn.parallel.fully_shard(build(True), strided),
+                 "mesh must be 2-D with dims ('dp', 'tp')", exception=ValueError)
+    other = torch.distributed.device_mesh.init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    transposed = torch.distributed.device_mesh.DeviceMesh.from_group(
+        [other.get_group("tp"), other.get_group("dp")], "cpu", mesh=torch.arange(4).reshape(2, 2),
+        mesh_dim_names=("dp", "tp"))
+    expect_error(lambda: ts.nn.parallel.fully_shard(build(True), transposed),
+                 "the mesh's 'dp' group has ranks", "shardtorch's 'dp' group", exception=ValueError)
+    model = build(True)
+    expect_error(lambda: ts.nn.parallel.fully_shard(model, units=[nn.Linear(2, 2)]),
+                 "units[0] must be a submodule of model", exception=ValueError)
+    expect_error(lambda: ts.nn.parallel.fully_shard(model, units=[model.head.classifier]),
+                 "units[0] (ParallelLinear) holds tensor-parallel shards itself", exception=ValueError)
+    expect_error(lambda: ts.nn.parallel.fully_shard(ts.nn.ParallelLinear(4, 6, dim=1), layout="hybrid"),
+                 "the model itself must not hold tensor-parallel shards", exception=ValueError)
+    # units: the backbone its own unit over the root's mesh, the head's layers over "dp".
+    ts.nn.parallel.fully_shard(model, layout="hybrid", units=[model.backbone])
+    assert isinstance(model.backbone, FSDPModule) and isinstance(model.head.up, FSDPModule)
+    assert len(model.backbone.stem.weight.device_mesh.mesh.flatten()) == 4  # over the world
+    assert model.head.up.weight.device_mesh.mesh.flatten().tolist() == ts.distributed.get_group_ranks("dp")
