@@ -21,6 +21,7 @@ that peak against the class count at the largest batch.
 It launches its own ranks (2 by default).
 """
 import argparse
+import gc
 import json
 import os
 import sys
@@ -115,6 +116,14 @@ def _rank_main(args):
             fn()
         return peak.peak_bytes
 
+    def release(methods):
+        # Each set holds its inputs (at batch 4096 over 1M classes, tens of
+        # GiB): free it before the next is made, or two sets overflow one GPU.
+        methods.clear()
+        gc.collect()
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+
     results = {"steps": [], "sweep": []}
     for batch in args.batches:
         methods = _methods(batch, args.classes, args.hidden, args.device)
@@ -123,10 +132,17 @@ def _rank_main(args):
         for name, fn in methods.items():
             results["steps"].append({"batch": batch, "method": name, "seconds": seconds[name],
                                      "peak_bytes": peak_of(fn)})
+        del fn  # the loop variable would keep the last method's inputs alive
+        release(methods)
     sweep_batch = max(args.batches)
     for classes in args.sweep:
-        for name, fn in _methods(sweep_batch, classes, args.hidden, args.device).items():
+        methods = _methods(sweep_batch, classes, args.hidden, args.device)
+        for name, fn in methods.items():
             results["sweep"].append({"classes": classes, "method": name, "peak_bytes": peak_of(fn)})
+        del fn
+        release(methods)
+    if args.device == "cuda":
+        results["device_peak_bytes"] = torch.cuda.max_memory_allocated()
     common.write_result(results)
     ts.distributed.destroy_process_group()
 

@@ -4,9 +4,12 @@
 // same op code runs over Gloo on CPU and NCCL on CUDA.
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
 
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace shardtorch {
 namespace comm {
@@ -47,6 +50,21 @@ class Communicator {
   virtual std::shared_ptr<CommHandle> broadcast_async(at::Tensor& tensor, int64_t root) = 0;
   virtual std::shared_ptr<CommHandle> send_async(const at::Tensor& tensor, int64_t dst) = 0;
   virtual std::shared_ptr<CommHandle> recv_async(at::Tensor& tensor, int64_t src) = 0;
+
+  // Raises, on every rank, what `verdict` makes of `gathered`: values that
+  // every rank holds alike after a collective (each rank's argument checks,
+  // gathered with the data), read on the host; "" means all is well.
+  // Here (CPU, SHARDTORCH_DEBUG) they are read at once and the error raised
+  // now. The NCCL communicator reads them without a host synchronisation and
+  // raises from the next collective launched on it: on every rank at the same
+  // point (comm/nccl_communicator.cpp).
+  using Verdict = std::function<std::string(const std::vector<double>&)>;
+  virtual void raise_if(const at::Tensor& gathered, const Verdict& verdict) {
+    const at::Tensor host = gathered.to(c10::Device(c10::kCPU), at::kDouble).contiguous();
+    const double* values = host.const_data_ptr<double>();
+    const std::string message = verdict(std::vector<double>(values, values + host.numel()));
+    TORCH_CHECK(message.empty(), message);
+  }
 
   void all_reduce(at::Tensor& tensor) { all_reduce_async(tensor)->wait(); }
   void all_gather(const at::Tensor& input, at::Tensor& output) {

@@ -10,15 +10,18 @@
 
 #include <atomic>
 #include <chrono>
-#include <mutex>
-#include <shared_mutex>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <type_traits>
+#include <vector>
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include "comm/launch_lock.h"
+#include "comm/nccl_teardown.h"
 #include "comm/process_group_communicator.h"
+#include "comm/store_exchange.h"
 #include "comm/watchdog.h"
 #include "utils/cuda_library_checks.h"
 
@@ -47,24 +50,80 @@ ncclDataType_t nccl_dtype(at::ScalarType type) {
   }
 }
 
-// Makes the caller's current stream wait for work enqueued on the
+// Makes the caller's current stream of the communicator's device (not of the
+// current device, which may be another) wait for work enqueued on the
 // communication stream; throws instead when the watchdog aborted the
 // communicator (the work's output is garbage then).
 class NcclHandle final : public CommHandle {
  public:
   NcclHandle(std::shared_ptr<at::cuda::CUDAEvent> done,
-             std::shared_ptr<CollectiveWatchdog> watchdog)
-      : done_(std::move(done)), watchdog_(std::move(watchdog)) {}
+             std::shared_ptr<CollectiveWatchdog> watchdog, c10::DeviceIndex device)
+      : done_(std::move(done)), watchdog_(std::move(watchdog)), device_(device) {}
   void wait() override {
     watchdog_->check();
-    if (done_) done_->block(at::cuda::getCurrentCUDAStream());
+    if (done_) done_->block(at::cuda::getCurrentCUDAStream(device_));
     done_.reset();
   }
 
  private:
   std::shared_ptr<at::cuda::CUDAEvent> done_;
   std::shared_ptr<CollectiveWatchdog> watchdog_;
+  c10::DeviceIndex device_;
 };
+
+// Events are reused instead of created per collective: one that comes back
+// (its collective seen finished and its handle dropped) serves the next.
+class EventPool : public std::enable_shared_from_this<EventPool> {
+ public:
+  std::shared_ptr<at::cuda::CUDAEvent> get() {
+    std::unique_ptr<at::cuda::CUDAEvent> event;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!free_.empty()) {
+        event = std::move(free_.back());
+        free_.pop_back();
+      }
+    }
+    if (!event) event = std::make_unique<at::cuda::CUDAEvent>();
+    std::weak_ptr<EventPool> pool = weak_from_this();
+    return std::shared_ptr<at::cuda::CUDAEvent>(event.release(), [pool](at::cuda::CUDAEvent* e) {
+      std::unique_ptr<at::cuda::CUDAEvent> owned(e);
+      if (auto alive = pool.lock()) {
+        std::lock_guard<std::mutex> lock(alive->mutex_);
+        alive->free_.push_back(std::move(owned));
+      }
+    });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::unique_ptr<at::cuda::CUDAEvent>> free_;
+};
+
+// The ncclUniqueId of a new communicator, from group rank 0 to every rank:
+// through the process group's store (works whatever its backend), or, for a
+// group that has no store, a broadcast over its CPU backend.
+ncclUniqueId share_unique_id(const GroupInfo& group, c10::DeviceIndex device) {
+  ncclUniqueId id;
+  std::memset(&id, 0, sizeof(id));
+  const std::string& name = group.layout.name;
+  if (group.layout.rank == 0) SHARDTORCH_NCCL_CHECK(ncclGetUniqueId(&id), "ncclGetUniqueId");
+  const auto shared = share_through_group_store(
+      group, "shardtorch/nccl_unique_id/" + name + "/cuda:" + std::to_string(device),
+      std::string(reinterpret_cast<const char*>(&id), sizeof(id)));
+  if (shared.has_value()) {
+    TORCH_CHECK(shared->size() == sizeof(id), "shardtorch NCCL communicator for group '", name,
+                "': the store held ", shared->size(), " bytes, expected an ", sizeof(id),
+                "-byte ncclUniqueId");
+    std::memcpy(&id, shared->data(), sizeof(id));
+    return id;
+  }
+  at::Tensor id_bytes = at::empty({static_cast<int64_t>(sizeof(id))}, at::kByte);
+  std::memcpy(id_bytes.data_ptr(), &id, sizeof(id));
+  ProcessGroupCommunicator(name, group.process_group).broadcast(id_bytes, 0);
+  std::memcpy(&id, id_bytes.data_ptr(), sizeof(id));
+  return id;
+}
 
 std::string nccl_async_error(ncclComm_t comm) {
   ncclResult_t state = ncclSuccess;
@@ -95,18 +154,17 @@ struct LaunchState {
 
 class NcclCommunicator final : public Communicator {
  public:
-  explicit NcclCommunicator(const GroupInfo& group)
+  // `tensors_device`, not the current device (a rank that never
+  // called set_device would otherwise put every communicator on cuda:0).
+  NcclCommunicator(const GroupInfo& group, const c10::Device& tensors_device)
       : name_(group.layout.name),
         rank_(group.layout.rank),
         size_(group.layout.size),
-        device_(c10::cuda::current_device()),
-        stream_(at::cuda::getStreamFromPool(/*isHighPriority=*/true, device_)) {
-    ncclUniqueId id;
-    if (rank_ == 0) SHARDTORCH_NCCL_CHECK(ncclGetUniqueId(&id), "ncclGetUniqueId");
-    at::Tensor id_bytes = at::empty({static_cast<int64_t>(sizeof(id))}, at::kByte);
-    std::memcpy(id_bytes.data_ptr(), &id, sizeof(id));
-    ProcessGroupCommunicator(name_, group.process_group).broadcast(id_bytes, 0);
-    std::memcpy(&id, id_bytes.data_ptr(), sizeof(id));
+        device_(tensors_device.has_index() ? tensors_device.index() : c10::cuda::current_device()),
+        stream_(at::cuda::getStreamFromPool(/*isHighPriority=*/true, device_)),
+        launch_mutex_(device_launch_mutex(c10::Device(c10::kCUDA, device_))),
+        events_(std::make_shared<EventPool>()) {
+    const ncclUniqueId id = share_unique_id(group, device_);
     c10::cuda::CUDAGuard guard(device_);
     ncclComm_t raw = nullptr;
     SHARDTORCH_NCCL_CHECK(
@@ -132,18 +190,19 @@ class NcclCommunicator final : public Communicator {
                                                      failure_policy_from_env());
   }
 
+  // Every healthy rank takes the same path (comm/nccl_teardown.h).
   ~NcclCommunicator() override {
-    // Stop watching before the communicator goes (handles may keep the
-    // watchdog object alive, not its thread); an aborted one is already freed.
-    const bool work_pending = watchdog_->pending() > 0;
-    watchdog_->stop();
-    if (aborted_.load()) {
-      comm_.release();
-    } else if (work_pending) {
-      // ncclCommDestroy waits for collectives in flight, which a peer that
-      // never joined would make forever: abort instead.
-      ncclCommAbort(comm_.release());
+    if (nccl_teardown(aborted_.load()) == NcclTeardown::kDrainThenDestroy) {
+      c10::cuda::CUDAGuard guard(device_);
+      // With the watchdog still on: a peer that never finishes makes it fire.
+      static_cast<void>(cudaStreamSynchronize(stream_.stream()));
     }
+    // Stop watching before the communicator goes (handles may keep the
+    // watchdog object alive, not its thread).
+    watchdog_->stop();
+    // The watchdog may have aborted it during the drain: then NCCL freed it.
+    if (aborted_.load()) comm_.release();
+    // Otherwise comm_'s deleter calls ncclCommDestroy, with nothing in flight.
   }
 
   int64_t rank() const override { return rank_; }
@@ -186,6 +245,22 @@ class NcclCommunicator final : public Communicator {
     });
   }
 
+  // The values go to pinned host memory on the device's current stream; the
+  // next launch on this communicator (every rank's next one: collectives are
+  // called in the same order everywhere) gives the verdict. By then the copy
+  // has long finished, so waiting for its event costs nothing in practice.
+  void raise_if(const at::Tensor& gathered, const Verdict& verdict) override {
+    c10::cuda::CUDAGuard guard(device_);
+    at::Tensor host =
+        at::empty(gathered.sizes(),
+                  at::TensorOptions().dtype(at::kDouble).device(c10::kCPU).pinned_memory(true));
+    host.copy_(gathered.to(at::kDouble), /*non_blocking=*/true);
+    auto copied = events_->get();
+    copied->record(at::cuda::getCurrentCUDAStream(device_));
+    std::lock_guard<std::mutex> lock(checks_mutex_);
+    pending_checks_.push_back(PendingCheck{std::move(host), std::move(copied), verdict});
+  }
+
   std::shared_ptr<CommHandle> send_async(const at::Tensor& tensor, int64_t dst) override {
     return enqueue({tensor}, "send", [&](cudaStream_t s) {
       return ncclSend(tensor.data_ptr(), tensor.numel(), nccl_dtype(tensor.scalar_type()),
@@ -206,11 +281,29 @@ class NcclCommunicator final : public Communicator {
   // when a launch is not stuck, keeps later launches from touching it. A
   // launch stuck on the host past the wait is what the abort must unblock.
   void abort() {
-    std::unique_lock<std::shared_timed_mutex> lock(launch_mutex_, std::defer_lock);
+    std::unique_lock<std::timed_mutex> lock(launch_mutex_, std::defer_lock);
     // Not getting it in time means a launch is stuck: abort regardless.
     static_cast<void>(lock.try_lock_for(std::chrono::seconds(2)));
     if (aborted_.exchange(true)) return;
     ncclCommAbort(comm_.get());
+  }
+
+  // Gives the verdicts of raise_if calls made since the last launch.
+  void settle_checks() {
+    std::vector<PendingCheck> checks;
+    {
+      std::lock_guard<std::mutex> lock(checks_mutex_);
+      checks.swap(pending_checks_);
+    }
+    std::string message;
+    for (auto& check : checks) {
+      check.copied->synchronize();
+      const double* values = check.host.const_data_ptr<double>();
+      const std::string verdict =
+          check.verdict(std::vector<double>(values, values + check.host.numel()));
+      if (message.empty()) message = verdict;
+    }
+    TORCH_CHECK(message.empty(), message);
   }
 
   template <typename Launch>
@@ -221,18 +314,20 @@ class NcclCommunicator final : public Communicator {
                   name_, "': tensors must be on cuda:", device_, ", got ", t.device());
       TORCH_CHECK(t.is_contiguous(), "shardtorch NCCL ", what, ": tensors must be contiguous");
     }
-    std::shared_lock<std::shared_timed_mutex> launching(launch_mutex_);
+    // One launch at a time on this device, whichever communicator (NCCL's rule).
+    std::unique_lock<std::timed_mutex> launching(launch_mutex_);
     watchdog_->check();
+    settle_checks();
     TORCH_CHECK(!aborted_.load(), "shardtorch NCCL ", what, " on group '", name_,
                 "': the communicator was aborted after a failed collective");
     c10::cuda::CUDAGuard guard(device_);
     auto current = at::cuda::getCurrentCUDAStream(device_);
-    at::cuda::CUDAEvent ready;
-    ready.record(current);
-    ready.block(stream_);
+    // Reused: the wait is enqueued at once, before the next record.
+    ready_.record(current);
+    ready_.block(stream_);
     // The watchdog's clock starts when the inputs are ready, not at launch.
     auto state = std::make_shared<LaunchState>();
-    state->started = std::make_shared<at::cuda::CUDAEvent>();
+    state->started = events_->get();
     state->started->record(stream_);
     // The caching allocator must not hand these blocks out again before the
     // communication stream is done with them.
@@ -244,14 +339,14 @@ class NcclCommunicator final : public Communicator {
     try {
       SHARDTORCH_NCCL_CHECK(launch(stream_.stream()),
                             std::string(what) + " on group '" + name_ + "'");
-      state->done = std::make_shared<at::cuda::CUDAEvent>();
+      state->done = events_->get();
       state->done->record(stream_);
     } catch (...) {
       state->launch_failed.store(true, std::memory_order_release);
       throw;
     }
     state->launched.store(true, std::memory_order_release);
-    return std::make_shared<NcclHandle>(state->done, watchdog_);
+    return std::make_shared<NcclHandle>(state->done, watchdog_, device_);
   }
 
   std::string name_;
@@ -261,24 +356,37 @@ class NcclCommunicator final : public Communicator {
   c10::cuda::CUDAStream stream_;
   NcclCommPtr comm_;
   std::atomic<bool> aborted_{false};
-  // Shared by launches, taken (briefly, if it can) by abort().
-  std::shared_timed_mutex launch_mutex_;
+  // The device's launch lock (comm/launch_lock.h), also taken (briefly, if it
+  // can) by abort().
+  std::timed_mutex& launch_mutex_;
+  at::cuda::CUDAEvent ready_;
+  std::shared_ptr<EventPool> events_;
+  struct PendingCheck {
+    at::Tensor host;
+    std::shared_ptr<at::cuda::CUDAEvent> copied;
+    Verdict verdict;
+  };
+  std::mutex checks_mutex_;
+  std::vector<PendingCheck> pending_checks_;
   // Declared last: destroyed first, so its thread never sees a half-gone communicator.
   std::shared_ptr<CollectiveWatchdog> watchdog_;
 };
 
 // Plug NCCL in as the communicator for CUDA tensors when the library loads.
 const bool kRegistered = [] {
-  register_communicator_factory(c10::DeviceType::CUDA, [](const GroupInfo& group) {
-    return std::static_pointer_cast<Communicator>(std::make_shared<NcclCommunicator>(group));
-  });
+  register_communicator_factory(c10::DeviceType::CUDA,
+                                [](const GroupInfo& group, const c10::Device& device) {
+                                  return std::static_pointer_cast<Communicator>(
+                                      std::make_shared<NcclCommunicator>(group, device));
+                                });
   return true;
 }();
 
 }  // namespace
 
-std::shared_ptr<Communicator> make_nccl_communicator(const GroupInfo& group) {
-  return std::make_shared<NcclCommunicator>(group);
+std::shared_ptr<Communicator> make_nccl_communicator(const GroupInfo& group,
+                                                     const c10::Device& device) {
+  return std::make_shared<NcclCommunicator>(group, device);
 }
 
 }  // namespace comm

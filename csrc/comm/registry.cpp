@@ -4,9 +4,11 @@
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include <future>
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <unordered_map>
 
 #include "comm/debug_communicator.h"
 #include "comm/process_group_communicator.h"
@@ -15,9 +17,14 @@ namespace shardtorch {
 namespace comm {
 namespace {
 
+using SharedCommunicator = std::shared_future<std::shared_ptr<Communicator>>;
+
 struct Entry {
   GroupInfo info;
-  std::map<c10::DeviceType, std::shared_ptr<Communicator>> communicators;
+  // One per full device (cuda:0 and cuda:1 apart); a future while it is being
+  // created, so that a second caller waits for the first one's instead of
+  // creating its own.
+  std::unordered_map<c10::Device, SharedCommunicator> communicators;
 };
 
 struct Registry {
@@ -54,6 +61,19 @@ std::chrono::milliseconds process_group_timeout(c10d::ProcessGroup& group,
     // No CPU backend, or one that does not implement getBackendOptions.
   }
   return fallback;
+}
+
+// CPU tensors go through the process group's own CPU backend; a group that has
+// none (torch.distributed started with backend="nccl") cannot move them.
+std::shared_ptr<Communicator> make_cpu_communicator(const GroupInfo& info, const char* op) {
+  TORCH_CHECK(
+      info.process_group->hasBackendForDeviceType(c10::DeviceType::CPU), op, ": group '",
+      info.layout.name, "' has no backend for CPU tensors (its process group's ", "backend is '",
+      info.process_group->getBackendName(),
+      "'); CPU tensors need a CPU backend: start torch.distributed with backend "
+      "\"cpu:gloo,cuda:nccl\" or \"gloo\", or let shardtorch.distributed.init_process_group "
+      "create its groups");
+  return std::make_shared<ProcessGroupCommunicator>(info.layout.name, info.process_group);
 }
 
 }  // namespace
@@ -141,38 +161,65 @@ std::chrono::milliseconds group_timeout(const std::string& name, const char* op)
   return find_entry(r, name, op).info.timeout;
 }
 
+bool group_has_cpu_backend(const std::string& name, const char* op) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return find_entry(r, name, op).info.process_group->hasBackendForDeviceType(c10::kCPU);
+}
+
 std::shared_ptr<Communicator> communicator_for(const std::string& name, const c10::Device& device,
                                                const char* op) {
+  TORCH_CHECK(device.is_cpu() || device.has_index(), op,
+              ": a communicator needs the tensor's full device (with its index), got ", device);
+  const c10::Device key = device.is_cpu() ? c10::Device(c10::kCPU) : device;
   auto& r = registry();
   std::unique_lock<std::mutex> lock(r.mutex);
   Entry& entry = find_entry(r, name, op);
-  const auto type = device.type();
-  auto it = entry.communicators.find(type);
-  if (it != entry.communicators.end()) return it->second;
+  auto it = entry.communicators.find(key);
+  if (it != entry.communicators.end()) {
+    SharedCommunicator existing = it->second;
+    lock.unlock();
+    return existing.get();  // waits while another thread creates it
+  }
 
   GroupInfo info = entry.info;
-  auto factory = r.factories.find(type);
+  auto factory = r.factories.find(key.type());
+  CommunicatorFactory make;
+  if (factory != r.factories.end()) make = factory->second;
+  std::promise<std::shared_ptr<Communicator>> promise;
+  entry.communicators.emplace(key, promise.get_future().share());
+  // Creating an NCCL communicator is itself a collective over the group;
+  // release the lock so that other groups (and devices) stay usable meanwhile.
+  lock.unlock();
   std::shared_ptr<Communicator> created;
-  if (factory != r.factories.end()) {
-    // Creating an NCCL communicator is itself a collective over the CPU group;
-    // release the lock so that other groups stay usable meanwhile.
-    auto make = factory->second;
-    lock.unlock();
-    created = make(info);
+  try {
+    created = make ? make(info, key) : make_cpu_communicator(info, op);
+    if (debug_mode_enabled()) created = make_debug_communicator(std::move(created), info);
+  } catch (...) {
+    promise.set_exception(std::current_exception());
     lock.lock();
-  } else {
-    created = std::make_shared<ProcessGroupCommunicator>(info.layout.name, info.process_group);
+    // A later call tries again (the group may have been dropped meanwhile).
+    auto group = r.groups.find(name);
+    if (group != r.groups.end()) group->second.communicators.erase(key);
+    throw;
   }
-  if (debug_mode_enabled()) created = make_debug_communicator(std::move(created), info);
-  Entry& again = find_entry(r, name, op);
-  auto inserted = again.communicators.emplace(type, created);
-  return inserted.first->second;
+  promise.set_value(created);
+  return created;
 }
 
-void register_communicator_factory(c10::DeviceType device_type, CommunicatorFactory factory) {
+CommunicatorFactory register_communicator_factory(c10::DeviceType device_type,
+                                                  CommunicatorFactory factory) {
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  r.factories[device_type] = std::move(factory);
+  CommunicatorFactory previous;
+  auto it = r.factories.find(device_type);
+  if (it != r.factories.end()) previous = std::move(it->second);
+  if (factory) {
+    r.factories[device_type] = std::move(factory);
+  } else {
+    r.factories.erase(device_type);
+  }
+  return previous;
 }
 
 }  // namespace comm

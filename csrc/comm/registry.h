@@ -1,10 +1,13 @@
 #pragma once
 // Group names (the `str group` of every op schema) -> communicators.
 //
-// A group is registered once per process with its CPU process group (Gloo,
-// created by Python's torch.distributed or by the C++ init). Communicators for
-// other devices (NCCL for CUDA tensors) are created lazily from it, the first
-// time a tensor of that device meets the group.
+// A group is registered once per process with its c10d process group (Gloo,
+// created by Python's torch.distributed or by the C++ init; or any backend
+// torch.distributed was started with). Communicators are created lazily, once
+// per group and device (cuda:0 and cuda:1 get their own), the first time a
+// tensor of that device meets the group: CPU tensors use the process group's
+// CPU backend, CUDA tensors NCCL directly (its unique id travels through the
+// process group's store, so an NCCL-only or Gloo-only group works alike).
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -60,13 +63,24 @@ std::vector<std::string> group_names();
 GroupLayout group_layout(const std::string& name, const char* op);
 GroupInfo group_info(const std::string& name, const char* op);
 std::chrono::milliseconds group_timeout(const std::string& name, const char* op);
+// Whether the group's process group can move CPU tensors (torch.distributed
+// started with backend="nccl" gives groups that cannot).
+bool group_has_cpu_backend(const std::string& name, const char* op);
+// The group's communicator for `device` (a CUDA device must carry its index:
+// the tensor's). Created once, even when several threads ask at the same time
+// (NCCL forbids two ncclCommInitRank of one communicator); a creation that
+// fails is retried by the next call.
 std::shared_ptr<Communicator> communicator_for(const std::string& name, const c10::Device& device,
                                                const char* op);
 
 // Backends for devices other than CPU plug in here (the CUDA part of the
 // library registers NCCL at load time), so the registry stays device-free.
-using CommunicatorFactory = std::function<std::shared_ptr<Communicator>(const GroupInfo&)>;
-void register_communicator_factory(c10::DeviceType device_type, CommunicatorFactory factory);
+// The factory gets the device the communicator serves. Returns the factory
+// it replaces (empty if none), so that tests can plug a fake in and restore.
+using CommunicatorFactory =
+    std::function<std::shared_ptr<Communicator>(const GroupInfo&, const c10::Device&)>;
+CommunicatorFactory register_communicator_factory(c10::DeviceType device_type,
+                                                  CommunicatorFactory factory);
 
 }  // namespace comm
 }  // namespace shardtorch

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "comm/registry.h"
+
 namespace shardtorch {
 namespace comm {
 namespace {
@@ -86,6 +88,11 @@ at::Tensor reduce_scatter_along_dim(Communicator& comm, const at::Tensor& input,
 std::vector<int64_t> exchange_values(Communicator& comm, const std::vector<int64_t>& local,
                                      const c10::Device& device) {
   const int64_t count = static_cast<int64_t>(local.size());
+  if (!device.is_cpu() && group_has_cpu_backend(comm.group_name(), "exchange_values")) {
+    // Host values over the host's backend: no device round trip to wait for.
+    auto host = communicator_for(comm.group_name(), c10::Device(c10::kCPU), "exchange_values");
+    return exchange_values(*host, local, c10::Device(c10::kCPU));
+  }
   at::Tensor mine = at::tensor(local, at::kLong).to(device);
   at::Tensor all = at::empty({comm.size() * count}, mine.options());
   comm.all_gather(mine, all);

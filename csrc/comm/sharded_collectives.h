@@ -36,7 +36,9 @@ at::Tensor reduce_scatter_along_dim(Communicator& comm, const at::Tensor& input,
                                     const std::vector<int64_t>& sizes);
 
 // Every rank's `local` values, in rank order (one small all-gather): rank r's
-// are entries [r * local.size(), (r + 1) * local.size()).
+// are entries [r * local.size(), (r + 1) * local.size()). For CUDA tensors
+// they travel over the group's CPU backend when it has one, so that the host
+// never waits for the GPU; only an NCCL-only group moves them on the device.
 std::vector<int64_t> exchange_values(Communicator& comm, const std::vector<int64_t>& local,
                                      const c10::Device& device);
 

@@ -69,7 +69,18 @@ void check_parallel_linear_cross_entropy_args(const at::Tensor& input, const at:
   TORCH_CHECK(weight.dim() == 2, op, ": weight must be 2-D [local_classes, in_features], got ",
               weight.sym_sizes());
   check_floating(input, "input", op);
-  check_same_dtype_device(input, "input", weight, "weight", op);
+  // Mixed precision (what autocast on CUDA passes): a float32 input with a
+  // float16/bfloat16 weight runs the chunk GEMMs in the weight's dtype and
+  // keeps the statistics, the loss and the input gradient in float32.
+  const bool mixed = input.scalar_type() == at::kFloat &&
+                     (weight.scalar_type() == at::kHalf || weight.scalar_type() == at::kBFloat16);
+  if (mixed) {
+    TORCH_CHECK(input.device() == weight.device(), op,
+                ": input and weight must be on the same device, got ", input.device(), " and ",
+                weight.device());
+  } else {
+    check_same_dtype_device(input, "input", weight, "weight", op);
+  }
   TORCH_CHECK(input.sym_size(-1) == weight.sym_size(1), op,
               ": input.size(-1) must equal in_features = ", weight.sym_size(1),
               " (weight.size(1)), got input of shape ", input.sym_sizes());
@@ -77,7 +88,7 @@ void check_parallel_linear_cross_entropy_args(const at::Tensor& input, const at:
     TORCH_CHECK(bias->dim() == 1 && bias->sym_size(0) == weight.sym_size(0), op,
                 ": bias must be 1-D of size weight.size(0) = ", weight.sym_size(0), ", got ",
                 bias->sym_sizes());
-    check_same_dtype_device(input, "input", *bias, "bias", op);
+    check_same_dtype_device(weight, "weight", *bias, "bias", op);
   }
   check_target(input, target, op);
   check_class_weight(input, class_weight, "class_weight", op);

@@ -3,8 +3,11 @@
 // the cross-entropy ops: each function unpacks its schema's arguments and runs
 // the op's shared implementation (parallel_cross_entropy_impl.h,
 // parallel_linear_cross_entropy_impl.h) with those kernels, so that the CPU and
-// CUDA files hold only their kernels and one line of registration.
+// CUDA files hold only their kernels and one line of registration. Each runs
+// on its input's device (the current device may be another), so that kernels
+// launch on that device's current stream and communicators serve that device.
 
+#include <ATen/DeviceGuard.h>
 #include <torch/library.h>
 
 #include "ops/margin_cross_entropy_kernel_adapter.h"
@@ -30,6 +33,7 @@ struct CrossEntropyKernelAdapter {
       const at::Tensor& logits, const at::Tensor& target, const std::optional<at::Tensor>& weight,
       int64_t ignore_index, double label_smoothing, double z_loss, int64_t reduction,
       const std::string& group, std::optional<int64_t> num_classes) {
+    const at::OptionalDeviceGuard device_guard(at::device_of(logits));
     return parallel_cross_entropy_forward_impl(
         logits, target, weight, options_of(ignore_index, label_smoothing, z_loss, reduction), group,
         num_classes, kernels());
@@ -47,6 +51,7 @@ struct CrossEntropyKernelAdapter {
                        const at::Tensor& row_stats, const at::Tensor& target,
                        const std::optional<at::Tensor>& weight, int64_t ignore_index,
                        double label_smoothing, double z_loss, int64_t reduction) {
+    const at::OptionalDeviceGuard device_guard(at::device_of(logits_buffer));
     parallel_cross_entropy_backward_impl(
         grad_loss, logits_buffer, row_stats, target, weight,
         options_of(ignore_index, label_smoothing, z_loss, reduction), kernels());
@@ -57,6 +62,7 @@ struct CrossEntropyKernelAdapter {
       const at::Tensor& target, const std::optional<at::Tensor>& class_weight, int64_t ignore_index,
       double label_smoothing, double z_loss, int64_t reduction, int64_t chunk_size,
       const std::string& group, std::optional<int64_t> num_classes) {
+    const at::OptionalDeviceGuard device_guard(at::device_of(input));
     return parallel_linear_cross_entropy_forward_impl(
         input, weight, bias, target, class_weight,
         options_of(ignore_index, label_smoothing, z_loss, reduction), chunk_size, group,
@@ -80,6 +86,7 @@ struct CrossEntropyKernelAdapter {
       const std::optional<at::Tensor>& class_weight, int64_t ignore_index, double label_smoothing,
       double z_loss, int64_t reduction, int64_t chunk_size, const std::string& group,
       std::array<bool, 3> output_mask) {
+    const at::OptionalDeviceGuard device_guard(at::device_of(input));
     return parallel_linear_cross_entropy_backward_impl(
         grad_loss, input, weight, bias, row_stats, target, class_weight,
         options_of(ignore_index, label_smoothing, z_loss, reduction), chunk_size, group,

@@ -23,12 +23,18 @@ enum RowStat : int64_t {
 };
 
 // Columns of the per-row coefficients of the softmax gradient.
+// The log-sum-exp is computed in float64 and passed as two parts, its value
+// rounded to the stats dtype and the remainder, so that float32 kernels compute
+// exp((x - lse) - remainder): x - lse is exact for the logits that matter (the
+// two are close), and the gradient keeps F.cross_entropy's accuracy at any
+// logit scale (a rounded lse alone costs half an ulp of |lse|: 3e-5 at 1000).
 enum GradCoef : int64_t {
-  kCoefLse = 0,
+  kCoefLse = 0,  // log-sum-exp rounded to the stats dtype
   kCoefGradScale = 1,
   kCoefTargetScale = 2,
   kCoefSmoothScale = 3,
-  kNumGradCoefs = 4,
+  kCoefLseRemainder = 4,  // log-sum-exp - kCoefLse (0 in float64)
+  kNumGradCoefs = 5,
 };
 
 class CrossEntropyKernels {
@@ -54,6 +60,15 @@ class CrossEntropyKernels {
   virtual void softmax_grad_inplace(const at::Tensor& values, int64_t col_begin,
                                     const at::Tensor& target_local, const at::Tensor& weight_local,
                                     const at::Tensor& coefs) const = 0;
+
+  // The fused classifier's GEMMs. x and w share a dtype (the GEMM dtype).
+  // Logits [rows, width] in `out` (the stats dtype) of x [rows, f] times the
+  // rows of w_chunk [width, f], plus bias_chunk [width] (or undefined): a
+  // float16/bfloat16 GEMM accumulates and returns float32. Default: ATen.
+  virtual at::Tensor chunk_logits(const at::Tensor& x, const at::Tensor& w_chunk,
+                                  const at::Tensor& bias_chunk, at::ScalarType out) const;
+  // acc [m, n] += a [m, k] b [k, n]; acc in a's dtype or float32. Default: ATen.
+  virtual void add_product(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b) const;
 };
 
 }  // namespace ops

@@ -19,6 +19,7 @@ enum GatheredTrailer : int64_t {
   kGatheredLocalClasses = 0,  // this rank's class count
   kGatheredWeightSum = 1,     // sum of its class weights
   kGatheredCheckCode = 2,     // its LocalCheck::Code
+  kGatheredBadTarget = 3,     // its first out-of-range target (with kTarget)
 };
 
 const char* describe(int64_t code) {
@@ -71,19 +72,13 @@ ClassLayout resolve_class_layout(comm::Communicator& communicator, int64_t local
 // statistics instead.
 at::Tensor targets_out_of_range(const at::Tensor& target, int64_t ignore_index,
                                 int64_t num_classes) {
-  if (target.numel() == 0) return at::Tensor();
-  return target.ne(ignore_index).logical_and(target.lt(0).logical_or(target.ge(num_classes))).any();
+  return target.ne(ignore_index).logical_and(target.lt(0).logical_or(target.ge(num_classes)));
 }
 
-std::string target_error(const CrossEntropyForwardSetup& setup, const CrossEntropyOptions& options,
-                         const char* op) {
-  const at::Tensor& target = setup.target_flat;
-  const at::Tensor bad =
-      target.ne(options.ignore_index)
-          .logical_and(target.lt(0).logical_or(target.ge(setup.layout.num_classes)));
-  const int64_t value = target.masked_select(bad).view(-1)[0].item<int64_t>();
-  return c10::str(op, ": target values must be in [0, num_classes=", setup.layout.num_classes,
-                  ") or equal ignore_index=", options.ignore_index, ", got ", value);
+// The first out-of-range target, found on the device without a host read.
+at::Tensor first_bad_target(const at::Tensor& target, const at::Tensor& bad) {
+  if (target.numel() == 0) return at::Tensor();
+  return target.index_select(0, bad.to(at::kInt).argmax().view({1})).squeeze(0);
 }
 
 // This rank's class weights in the stats dtype, from a sharded or full weight.
@@ -115,19 +110,24 @@ at::Tensor local_targets(const at::Tensor& target, int64_t ignore_index, const a
   return at::where(mine, shifted, at::full({}, -1, target.options())).contiguous();
 }
 
-// One host read: every rank's check code.
-void raise_if_any_rank_failed(const at::Tensor& codes, const CrossEntropyForwardSetup& setup,
-                              const CrossEntropyOptions& options, const char* op) {
-  TORCH_CHECK(setup.check.code == LocalCheck::kOk, setup.check.message);
-  const at::Tensor host = codes.cpu().contiguous();
-  const double* code_of = host.const_data_ptr<double>();
-  const int64_t own = static_cast<int64_t>(code_of[setup.communicator->rank()]);
-  TORCH_CHECK(own != LocalCheck::kTarget, target_error(setup, options, op));
-  for (int64_t r = 0; r < host.size(0); ++r) {
-    const auto code = static_cast<int64_t>(code_of[r]);
-    TORCH_CHECK(code == LocalCheck::kOk, op, ": group rank ", r,
-                " failed a check: ", describe(code), " (its own error says more)");
+// Every rank's check code and first bad target, as gathered ([ranks, 2],
+// flattened), made into the error every rank raises ("" when all passed).
+std::string check_verdict(const std::vector<double>& gathered, int64_t own_rank,
+                          int64_t num_classes, int64_t ignore_index, const char* op) {
+  const int64_t ranks = static_cast<int64_t>(gathered.size()) / 2;
+  const auto code_of = [&](int64_t r) { return static_cast<int64_t>(gathered[2 * r]); };
+  if (code_of(own_rank) == LocalCheck::kTarget) {
+    return c10::str(op, ": target values must be in [0, num_classes=", num_classes,
+                    ") or equal ignore_index=", ignore_index, ", got ",
+                    static_cast<int64_t>(gathered[2 * own_rank + 1]));
   }
+  for (int64_t r = 0; r < ranks; ++r) {
+    if (code_of(r) != LocalCheck::kOk) {
+      return c10::str(op, ": group rank ", r, " failed a check: ", describe(code_of(r)),
+                      " (its own error says more)");
+    }
+  }
+  return "";
 }
 
 // Per-row coefficients of d loss / d logits (see softmax_grad_inplace):
@@ -164,7 +164,9 @@ at::Tensor gradient_coefficients(const at::Tensor& grad_loss, const at::Tensor& 
   if (options.z_loss != 0.0) scale = scale + 2.0 * options.z_loss * lse;
 
   at::Tensor coefs = at::empty({rows, kNumGradCoefs}, saved.options());
-  coefs.select(1, kCoefLse).copy_(lse);
+  const at::Tensor lse_rounded = lse.to(acc).to(at::kDouble);
+  coefs.select(1, kCoefLse).copy_(lse_rounded);
+  coefs.select(1, kCoefLseRemainder).copy_(lse - lse_rounded);
   coefs.select(1, kCoefGradScale).copy_(g * scale);
   coefs.select(1, kCoefTargetScale).copy_(g * (1.0 - eps) * target_weight);
   coefs.select(1, kCoefSmoothScale).copy_(g * eps * inv_classes);
@@ -209,8 +211,12 @@ CrossEntropyForwardSetup prepare_cross_entropy_forward(
   if (comm::debug_mode_enabled()) {
     comm::check_same_on_every_rank(*setup.communicator, setup.target_flat, "target", op);
   }
-  setup.check.target_out_of_range =
-      targets_out_of_range(setup.target_flat, options.ignore_index, setup.layout.num_classes);
+  if (setup.target_flat.numel() > 0) {
+    const at::Tensor bad =
+        targets_out_of_range(setup.target_flat, options.ignore_index, setup.layout.num_classes);
+    setup.check.target_out_of_range = bad.any();
+    setup.check.first_bad_target = first_bad_target(setup.target_flat, bad);
+  }
   setup.weight_local = local_class_weight(class_weight, setup.layout, setup.acc, op, setup.check);
   setup.target_local =
       local_targets(setup.target_flat, options.ignore_index,
@@ -247,11 +253,21 @@ at::Tensor combine_over_group(const CrossEntropyForwardSetup& setup, const at::T
   } else {
     code.copy_(
         at::where(setup.check.target_out_of_range, static_cast<double>(LocalCheck::kTarget), 0.0));
+    trailer.select(0, kGatheredBadTarget).copy_(setup.check.first_bad_target);
   }
   at::Tensor gathered = at::empty({communicator.size(), rows + 1, kNumRowStats}, f64);
   communicator.all_gather(packed, gathered);
-  raise_if_any_rank_failed(gathered.select(1, rows).select(1, kGatheredCheckCode), setup, options,
-                           op);
+  // A check only this rank knows failed: it raises now, its peers from the verdict.
+  TORCH_CHECK(setup.check.code == LocalCheck::kOk, setup.check.message);
+  const at::Tensor checks = gathered.select(1, rows).narrow(1, kGatheredCheckCode, 2);
+  const int64_t own_rank = communicator.rank(), num_classes = layout.num_classes;
+  const int64_t ignore_index = options.ignore_index;
+  communicator.raise_if(checks, [=](const std::vector<double>& values) {
+    return check_verdict(values, own_rank, num_classes, ignore_index, op);
+  });
+  // Where the verdict comes later (CUDA), a failed check makes this forward's
+  // loss and gradients NaN meanwhile, never a plausible wrong number.
+  const at::Tensor any_failed = checks.select(1, 0).ne(0).any();
 
   const at::Tensor per_rank = gathered.narrow(1, 0, rows);  // [ranks, rows, stats]
   const at::Tensor maxes = per_rank.select(2, kRowMax);
@@ -260,7 +276,8 @@ at::Tensor combine_over_group(const CrossEntropyForwardSetup& setup, const at::T
   row_max = at::where(row_max.isinf(), at::zeros_like(row_max), row_max);
   const at::Tensor sum_exp =
       (per_rank.select(2, kRowSumExp) * (maxes - row_max.unsqueeze(0)).exp()).sum(0);
-  const at::Tensor lse = row_max + sum_exp.log();
+  const at::Tensor lse =
+      at::where(any_failed, std::numeric_limits<double>::quiet_NaN(), row_max + sum_exp.log());
   const at::Tensor target_logit = per_rank.select(2, kRowTargetLogit).sum(0);
   const at::Tensor weighted_sum = per_rank.select(2, kRowWeightedSum).sum(0);
   const at::Tensor target_weight = per_rank.select(2, kRowTargetWeight).sum(0);

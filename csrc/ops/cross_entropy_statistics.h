@@ -58,6 +58,7 @@ struct LocalCheck {
   int64_t code = kOk;
   std::string message;
   at::Tensor target_out_of_range;  // 0-d bool on the device, or undefined
+  at::Tensor first_bad_target;     // 0-d int64 on the device: the first such value
   void fail(Code c, std::string m);
 };
 
@@ -87,8 +88,10 @@ at::Tensor fresh_row_stats(int64_t rows, const CrossEntropyForwardSetup& setup,
                            const c10::Device& device);
 
 // The one collective of the forward: every rank's per-row statistics and its
-// check result, gathered, combined and checked (every rank raises if any
-// failed; at most one host read). Returns the saved row_stats.
+// check result, gathered, combined and checked: every rank raises if any
+// failed (Communicator::raise_if: at once on CPU; on CUDA, without a host
+// read, from the group's next collective, while this forward's loss and
+// gradients are NaN). Returns the saved row_stats.
 at::Tensor combine_over_group(const CrossEntropyForwardSetup& setup, const at::Tensor& stats,
                               const CrossEntropyOptions& options, const char* op);
 

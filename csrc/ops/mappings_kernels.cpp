@@ -1,7 +1,9 @@
 // Kernels of the communication mappings. They are device-generic: the
 // communicator for the tensor's device does the moving (Gloo on CPU, NCCL on
-// CUDA), so the same kernel is registered for both.
+// CUDA), so the same kernel is registered for both. Each runs on its input's
+// device (the current device may be another).
 #include <ATen/ATen.h>
+#include <ATen/DeviceGuard.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -84,11 +86,13 @@ std::vector<int64_t> gathered_sizes(comm::Communicator& communicator, const at::
 }
 
 at::Tensor copy_kernel(const at::Tensor& input, const std::string& group) {
+  const at::OptionalDeviceGuard device_guard(at::device_of(input));
   comm::group_layout(group, "shard::copy");
   return input.clone(at::MemoryFormat::Contiguous);
 }
 
 at::Tensor reduce_kernel(const at::Tensor& input, const std::string& group) {
+  const at::OptionalDeviceGuard device_guard(at::device_of(input));
   auto communicator = comm::communicator_for(group, input.device(), "shard::reduce");
   at::Tensor output = input.clone(at::MemoryFormat::Contiguous);
   communicator->all_reduce(output);
@@ -96,6 +100,7 @@ at::Tensor reduce_kernel(const at::Tensor& input, const std::string& group) {
 }
 
 at::Tensor scatter_kernel(const at::Tensor& input, int64_t dim, const std::string& group) {
+  const at::OptionalDeviceGuard device_guard(at::device_of(input));
   auto info = comm::group_layout(group, "shard::scatter");
   const int64_t d = normalize_dim(dim, input.dim(), "shard::scatter");
   const int64_t total = input.size(d);
@@ -107,6 +112,7 @@ at::Tensor scatter_kernel(const at::Tensor& input, int64_t dim, const std::strin
 
 at::Tensor all_gather_kernel(const at::Tensor& input, int64_t dim, const std::string& group,
                              std::optional<c10::SymInt> full_size) {
+  const at::OptionalDeviceGuard device_guard(at::device_of(input));
   auto communicator = comm::communicator_for(group, input.device(), "shard::all_gather");
   const int64_t d = normalize_dim(dim, input.dim(), "shard::all_gather");
   auto sizes = gathered_sizes(*communicator, input, d, full_size, "shard::all_gather");
@@ -114,6 +120,7 @@ at::Tensor all_gather_kernel(const at::Tensor& input, int64_t dim, const std::st
 }
 
 at::Tensor reduce_scatter_kernel(const at::Tensor& input, int64_t dim, const std::string& group) {
+  const at::OptionalDeviceGuard device_guard(at::device_of(input));
   auto communicator = comm::communicator_for(group, input.device(), "shard::reduce_scatter");
   const int64_t d = normalize_dim(dim, input.dim(), "shard::reduce_scatter");
   auto sizes = topology::shard_sizes(input.size(d), communicator->size());

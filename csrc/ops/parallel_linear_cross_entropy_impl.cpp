@@ -14,14 +14,23 @@ namespace {
 constexpr const char* kForward = "shard::parallel_linear_cross_entropy";
 constexpr const char* kBackward = "shard::_parallel_linear_cross_entropy_backward";
 
-// Logits of classes [begin, begin + width) of this rank's shard.
-at::Tensor chunk_logits(const at::Tensor& x, const at::Tensor& w,
-                        const std::optional<at::Tensor>& bias, int64_t begin, int64_t width) {
-  const at::Tensor w_chunk = w.narrow(0, begin, width);
-  if (bias.has_value() && bias->defined()) {
-    return at::addmm(bias->narrow(0, begin, width), x, w_chunk.t());
-  }
-  return at::mm(x, w_chunk.t());
+// Logits of classes [begin, begin + width) of this rank's shard, in the
+// stats dtype `acc`; the GEMM runs in x's and w's dtype (float16/bfloat16
+// accumulate in float32).
+at::Tensor chunk_logits(const CrossEntropyKernels& kernels, const at::Tensor& x,
+                        const at::Tensor& w, const std::optional<at::Tensor>& bias, int64_t begin,
+                        int64_t width, at::ScalarType acc) {
+  at::Tensor bias_chunk;
+  if (bias.has_value() && bias->defined()) bias_chunk = bias->narrow(0, begin, width);
+  return kernels.chunk_logits(x, w.narrow(0, begin, width), bias_chunk, acc);
+}
+
+// The input as the [rows, features] operand of the chunk GEMMs: in the
+// weight's dtype (a float32 input with a reduced-precision weight, as
+// autocast passes them, is cast once, not per chunk).
+at::Tensor gemm_input(const at::Tensor& input, const at::Tensor& weight, int64_t rows,
+                      int64_t features) {
+  return input.reshape({rows, features}).to(weight.scalar_type()).contiguous();
 }
 
 }  // namespace
@@ -39,15 +48,15 @@ std::tuple<at::Tensor, at::Tensor> parallel_linear_cross_entropy_forward_impl(
       prepare_cross_entropy_forward(group, input.device(), input.scalar_type(), local, num_classes,
                                     target, class_weight, options, kForward);
 
-  const at::Tensor x = input.reshape({rows, features}).contiguous();
+  const at::Tensor x = gemm_input(input, weight, rows, features);
   const at::Tensor w = weight.contiguous();
   at::Tensor stats = fresh_row_stats(rows, setup, input.device());
   // Only one chunk of logits lives at a time.
   for (int64_t begin = 0; setup.check.code == LocalCheck::kOk && begin < local;
        begin += chunk_size) {
     const int64_t width = std::min(chunk_size, local - begin);
-    kernels.accumulate_row_stats(chunk_logits(x, w, bias, begin, width), begin, setup.target_local,
-                                 setup.weight_local, stats, at::Tensor());
+    kernels.accumulate_row_stats(chunk_logits(kernels, x, w, bias, begin, width, setup.acc), begin,
+                                 setup.target_local, setup.weight_local, stats, at::Tensor());
   }
   at::Tensor saved = combine_over_group(setup, stats, options, kForward);
   at::Tensor loss = reduce_loss(saved, target, options, input.scalar_type());
@@ -68,7 +77,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> parallel_linear_cross_entropy_bac
   const CrossEntropyBackwardSetup setup = prepare_cross_entropy_backward(
       grad_loss, row_stats, target, class_weight, options, local, acc, kBackward);
 
-  const at::Tensor x = input.reshape({rows, features}).contiguous();
+  const at::Tensor x = gemm_input(input, weight, rows, features);
   const at::Tensor w = weight.contiguous();
   // The input gradient is summed over chunks in the stats dtype, so that
   // reduced-precision inputs do not lose the small chunks' contributions.
@@ -82,15 +91,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> parallel_linear_cross_entropy_bac
   for (int64_t begin = 0; begin < local || (begin == 0 && output_mask[0]); begin += chunk_size) {
     const int64_t width = std::min(chunk_size, local - begin);
     const bool last = begin + chunk_size >= local;
-    at::Tensor chunk = chunk_logits(x, w, bias, begin, width);
-    kernels.softmax_grad_inplace(chunk, begin, setup.target_local, setup.weight_local, setup.coefs);
+    at::Tensor chunk_acc = chunk_logits(kernels, x, w, bias, begin, width, acc);
+    kernels.softmax_grad_inplace(chunk_acc, begin, setup.target_local, setup.weight_local,
+                                 setup.coefs);
+    // The gradient GEMMs run in the forward's GEMM dtype (tensor cores for
+    // float16/bfloat16), the input gradient accumulating in float32.
+    const at::Tensor chunk =
+        chunk_acc.scalar_type() == x.scalar_type() ? chunk_acc : chunk_acc.to(x.scalar_type());
     if (output_mask[0]) {
-      const at::Tensor w_chunk = w.narrow(0, begin, width);
-      if (chunk.scalar_type() == acc) {
-        grad_input_acc.addmm_(chunk, w_chunk);
-      } else {
-        grad_input_acc.add_(at::mm(chunk, w_chunk));
-      }
+      kernels.add_product(grad_input_acc, chunk, w.narrow(0, begin, width));
       // Each rank's classes contribute a part of the input gradient; the sum
       // travels while the last chunk's weight gradient is computed.
       if (last) {
@@ -104,10 +113,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> parallel_linear_cross_entropy_bac
       at::Tensor rows_of_grad = grad_weight.narrow(0, begin, width);
       at::mm_out(rows_of_grad, chunk.t(), x);
     }
-    if (grad_bias.defined()) {
-      at::Tensor rows_of_grad = grad_bias.narrow(0, begin, width);
-      at::sum_out(rows_of_grad, chunk, 0);
-    }
+    if (grad_bias.defined()) grad_bias.narrow(0, begin, width).copy_(chunk_acc.sum(0));
   }
   at::Tensor grad_input;
   if (output_mask[0]) {

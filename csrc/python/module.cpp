@@ -9,6 +9,7 @@
 #include "comm/registry.h"
 #include <shardtorch/nn/embedding_init.h>
 #include <shardtorch/nn/init.h>
+#include "python/comm_testing_binding.h"
 #include "python/watchdog_binding.h"
 #include <shardtorch/build_info.h>
 #include <shardtorch/topology/topology.h>
@@ -99,6 +100,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("reset_cpu_peak_memory", &shardtorch::utils::reset_cpu_peak_memory);
 
   shardtorch::python::bind_watchdog(m);
+  shardtorch::python::bind_comm_testing(m);
 
   m.attr("cuda_built") = py::bool_(shardtorch::kBuiltWithCuda);
   m.attr("version") = shardtorch::kVersion;

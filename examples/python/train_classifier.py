@@ -13,6 +13,9 @@ features and targets gathered over the tensor-parallel group
 (``ts.distributed.gather(x, dim=0)``), a column-parallel classifier
 (``ts.nn.ParallelLinear(..., dim=1)``) and the parallel cross-entropy loss.
 ``--layout 2d`` runs M-way data parallel x N-way tensor parallel instead.
+``--fsdp`` replaces DDP by torch's FSDP2 (``ts.nn.parallel.fully_shard``): the
+parameters, gradients and optimizer state are sharded over the data-parallel
+dimension too, in either layout.
 
 Data: synthetic but learnable by default (each class is a fixed random pattern
 plus noise, so accuracy visibly rises); ``--data PATH`` trains on an ImageFolder.
@@ -63,6 +66,9 @@ def build_parser():
                    help="mixed precision: bfloat16 autocast on CPU, float16 autocast + GradScaler on CUDA")
     p.add_argument("--zero", action="store_true",
                    help="ZeroRedundancyOptimizer: shard optimizer state over the data-parallel group")
+    p.add_argument("--fsdp", action="store_true",
+                   help="torch's FSDP2 (fully_shard) over the data-parallel dimension instead of DDP: parameters, "
+                        "gradients and optimizer state sharded over it too")
     p.add_argument("--fused-loss", action="store_true",
                    help="compute classifier + loss chunk by chunk without materialising the logits")
     p.add_argument("--loss", choices=["softmax", "arcface", "cosface"], default="softmax",
@@ -197,8 +203,8 @@ class ShardedClassifier(nn.Module):
             return self.head(features, labels), features.detach(), labels
         if self.fused_loss:  # classifier + loss chunk by chunk: the logits never exist whole
             # num_classes known here: no exchange of shard sizes on top of the loss's one collective
-            loss = ts.nn.functional.parallel_linear_cross_entropy(features, self.head.weight, self.head.bias,
-                                                                  labels, num_classes=self.head.out_features)
+            # (the head's own method: under fully_shard its parameters are gathered for it)
+            loss = self.head.linear_cross_entropy(features, labels)
             return loss, features.detach(), labels
         logits = self.head(features)
         return self.criterion(logits, labels), logits.detach(), labels
@@ -351,10 +357,14 @@ def main(argv=None):
                                         margins=ts.nn.MARGIN_PRESETS[args.loss], sample_rate=args.sample_rate,
                                         device=device, dtype=dtype, seed=args.seed)
     model_parts = {"backbone": backbone, "head": head}
-    model = ts.nn.parallel.DistributedDataParallel(
-        ShardedClassifier(backbone, head, gather_batch=args.layout == "hybrid", fused_loss=args.fused_loss),
-        layout=args.layout)
+    model = ShardedClassifier(backbone, head, gather_batch=args.layout == "hybrid", fused_loss=args.fused_loss)
+    if args.fsdp:  # FSDP2: the head over "dp", the rest over "dp" (2d) or the world (hybrid)
+        model = ts.nn.parallel.fully_shard(model, ts.distributed.device_mesh(device.type), layout=args.layout)
+    else:
+        model = ts.nn.parallel.DistributedDataParallel(model, layout=args.layout)
     params = list(backbone.parameters()) + list(head.parameters())
+    if args.zero and args.fsdp:
+        sys.exit("--zero and --fsdp: choose one (fully_shard shards the optimizer state already)")
     if args.zero:
         from torch.distributed.optim import ZeroRedundancyOptimizer
         optimizer = ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.SGD,
@@ -386,12 +396,17 @@ def main(argv=None):
         # over the sharded classes: the logits are never gathered.
         with torch.no_grad():
             k = min(5, num_classes)
+            scores_from_weights = args.fused_loss or args.loss != "softmax"  # the logits were never materialised
+            if args.fsdp and scores_from_weights:
+                head.unshard()  # fully_shard gathers the head's parameters only around its forward methods
             if args.loss != "softmax":  # cosine scores of the margin loss's classes, chunk by chunk
                 _, top = ts.nn.functional.parallel_linear_topk(logits, head.weight, k=k, normalize=True)
-            elif args.fused_loss:  # the logits were never materialised: score the classifier chunk by chunk
+            elif args.fused_loss:  # score the classifier chunk by chunk
                 _, top = ts.nn.functional.parallel_linear_topk(logits, head.weight, head.bias, k=k)
             else:
                 _, top = ts.nn.functional.parallel_topk(logits, k)
+            if args.fsdp and scores_from_weights:
+                head.reshard()
             hits = top == labels.unsqueeze(-1)
         (scaler.scale(loss) if scaler else loss).backward()
         if scaler:
@@ -441,15 +456,15 @@ def main(argv=None):
         import json
         with open(args.log_json, "w") as f:
             json.dump({str(k): v for k, v in losses.items()}, f)
-    summary(args, device, backbone, head, num_classes, peak.peak_bytes)
+    summary(args, device, backbone, head, num_classes, peak.peak_bytes, optimizer)
     ts.distributed.destroy_process_group()
 
 
-def summary(args, device, backbone, head, num_classes, peak_bytes):
+def summary(args, device, backbone, head, num_classes, peak_bytes, optimizer):
     """Per-rank parameter and peak memory against the unsharded equivalent
     (the same backbone and a whole classifier, as plain DDP holds on every rank)."""
-    local_params = sum(p.numel() * p.element_size() for p in list(backbone.parameters()) + list(head.parameters()))
-    backbone_bytes = sum(p.numel() * p.element_size() for p in backbone.parameters())
+    local_params = sum(_local(p).numel() * p.element_size() for p in list(backbone.parameters()) + list(head.parameters()))
+    backbone_bytes = sum(p.numel() * p.element_size() for p in backbone.parameters())  # whole under fully_shard too
     full_head = (args.features + 1) * num_classes * 4
     unsharded_params = backbone_bytes + full_head
     unsharded_peak = None
@@ -460,19 +475,39 @@ def summary(args, device, backbone, head, num_classes, peak_bytes):
             f"{unsharded_params / local_params:.2f}x); peak training memory {human_bytes(peak_bytes)}")
     if unsharded_peak is not None:
         line += f" (unsharded {human_bytes(unsharded_peak)}, {unsharded_peak / max(peak_bytes, 1):.2f}x)"
-    for r in range(ts.distributed.get_world_size()):
+    # Parameters + gradients + optimizer state that this rank holds (after the
+    # last step, gradients still there), against the whole model's: ideally
+    # 1/world of it.
+    params = list(backbone.parameters()) + list(head.parameters())
+    optimizer_state = getattr(optimizer, "optim", optimizer).state  # ZeroRedundancyOptimizer: this rank's part
+    held = local_params + sum(_local(p.grad).numel() * p.grad.element_size() for p in params if p.grad is not None)
+    held += sum(_local(v).numel() * v.element_size() for p in params for v in optimizer_state.get(p, {}).values()
+                if torch.is_tensor(v) and v.dim() > 0)
+    per_parameter = next((sum(1 for v in st.values() if torch.is_tensor(v) and v.dim() > 0)
+                          for st in optimizer_state.values() if st), 0)
+    whole = unsharded_params * (2 + per_parameter)  # the parameter, its gradient, its state tensors
+    world = ts.distributed.get_world_size()
+    line += (f"\n[rank {rank}] model state {human_bytes(held)} (parameters + gradients + optimizer state; "
+             f"whole model {human_bytes(whole)}, ideal 1/{world}: {human_bytes(whole / world)}, "
+             f"{held / (whole / world):.2f}x ideal)")
+    for r in range(world):
         if r == rank:
             print(line, flush=True)
         dist.barrier()
 
 
+def _local(tensor):
+    """What this rank holds of a parameter (its slice, under fully_shard)."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
 def measure_unsharded_step(args, device, backbone, num_classes):
     """Peak memory of one training step of the plain model on this rank's batch
     (what each rank of plain DDP would need), measured the same way."""
-    import copy
     torch.manual_seed(args.seed)
     dtype = next(backbone.parameters()).dtype
-    model = nn.Sequential(copy.deepcopy(backbone),
+    # A new backbone of the same kind (a copy of one under fully_shard would hold its DTensors).
+    model = nn.Sequential(make_backbone(args.backbone, args.features).to(device=device, dtype=dtype),
                           nn.Linear(args.features, num_classes, device=device, dtype=dtype))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     images = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device=device, dtype=dtype)

@@ -6,6 +6,7 @@ import torch
 import torch.distributed as dist
 
 from ..distributed import state
+from .fully_sharded import whole_shard
 from .layout import EntryLayout, model_layout
 from .verify import agree_on_problems, strip_ddp_prefix
 
@@ -28,7 +29,9 @@ def collect_state_dict(model: torch.nn.Module, state_dict: dict,
 
     Collective: every rank of the world calls it. With ``dst`` given, ``dst``
     holds the full state dict it returns plus at most one full tensor in
-    flight; the other ranks hold only their shards.
+    flight; the other ranks hold only their shards. Under fully_shard (FSDP2)
+    the entries are DTensors: each is first gathered over its data-parallel
+    mesh (one entry at a time), and the result holds plain full tensors.
     """
     world = state.get_world_size()
     if dst is not None and not (isinstance(dst, int) and 0 <= dst < world):
@@ -40,6 +43,7 @@ def collect_state_dict(model: torch.nn.Module, state_dict: dict,
     result = OrderedDict() if receives else None
     for key, tensor in state_dict.items():
         entry = layout[key]
+        tensor = whole_shard(tensor)  # under fully_shard: collective over its mesh, on every rank
         if not entry.sharded:
             if receives:
                 result[key] = tensor

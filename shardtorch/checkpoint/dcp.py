@@ -8,7 +8,10 @@ tensors, which DCP deduplicates across ranks.
 
 The ShardedTensors share storage with the model's parameters: ``dcp.load``
 writes straight into them, no full tensor is ever built, and a DCP checkpoint
-saved at one tensor-parallel size loads at any other. Tools that read DCP
+saved at one tensor-parallel size loads at any other. Under fully_shard
+(FSDP2) the model's DTensor entries are gathered over their data-parallel
+mesh first (fully_sharded.py) and described the same way, so the checkpoint
+is the same as without fully_shard; loading cuts them back. Tools that read DCP
 checkpoints work on them, e.g.
 ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save(path, "m.pt")``
 writes the unsharded model's state dict.
@@ -18,6 +21,7 @@ from typing import Optional
 import torch
 import torch.distributed.checkpoint as dcp
 
+from .fully_sharded import in_model_form, whole_shard
 from .layout import model_layout
 from .optimizer.dcp import dcp_optimizer_entries, load_dcp_optimizer_state_dict
 from .sharded_tensor import as_sharded_tensor
@@ -27,10 +31,16 @@ def dcp_state_dict(model: torch.nn.Module, state_dict: Optional[dict] = None) ->
     """``state_dict`` (default ``model.state_dict()``) with every shard wrapped
     in a ShardedTensor that tells DCP its place in the full tensor. Collective
     over the tensor-parallel groups."""
-    state_dict = model.state_dict() if state_dict is None else state_dict
+    return _described(model, model.state_dict() if state_dict is None else state_dict)[0]
+
+
+def _described(model: torch.nn.Module, state_dict: dict):
+    """(the entries for DCP, the tensors they hold: what the rank would hold
+    without fully_shard, the layout)."""
     layout = model_layout(model, state_dict)
-    return {key: as_sharded_tensor(tensor, layout[key]) if layout[key].sharded else tensor
-            for key, tensor in state_dict.items()}
+    plain = {key: whole_shard(tensor) for key, tensor in state_dict.items()}
+    return ({key: as_sharded_tensor(tensor, layout[key]) if layout[key].sharded else tensor
+             for key, tensor in plain.items()}, plain, layout)
 
 
 def save_dcp(model: torch.nn.Module, checkpoint_id: str, state_dict: Optional[dict] = None,
@@ -52,12 +62,14 @@ def load_dcp(model: torch.nn.Module, checkpoint_id: str,
     its optimizer state (saved with save_dcp(..., optimizer=...)), checked
     against the optimizer as relocate_optimizer_state_dict does. DCP raises
     on missing keys and on shape mismatches."""
-    state_dict = model.state_dict()
-    wrapped = dcp_state_dict(model, state_dict)
+    wrapped, plain, layout = _described(model, model.state_dict())
     optimizer_state = None
     if optimizer is not None:
         optimizer_state = load_dcp_optimizer_state_dict(model, optimizer, checkpoint_id)
     dcp.load(wrapped, checkpoint_id=checkpoint_id)
-    model.load_state_dict(state_dict)  # entries DCP replaced rather than filled in place
+    # Also the entries DCP replaced rather than filled in place; cut back into
+    # DTensors under fully_shard.
+    model.load_state_dict({key: in_model_form(plain[key] if layout[key].sharded else wrapped[key], layout[key].fsdp)
+                           for key in plain})
     if optimizer_state is not None:
         optimizer.load_state_dict(optimizer_state)

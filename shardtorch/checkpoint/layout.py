@@ -1,14 +1,19 @@
 """Where each state-dict entry of a model lives: sharded (which dimension, over
 which group, the full shape and every rank's slice) or replicated.
 
-A parameter is sharded when it carries ``parallel_dim`` (TorchShard's mark,
-set by the parallel layers); its group is the ``group`` attribute of the module
-that owns it ("tp" by default). Full sizes are not guessed from the local
-shape (a shard of 2 rows may come from 7 rows over 4 ranks or 8 over 4): the
-group's members exchange their local sizes, one small all-gather per group for
-all entries at once, and the sizes are checked against the split rule.
+Which parameters are sharded, along which dimension and over which group, is
+read from the modules that own them (shardtorch.utils.shard_facts), so it
+survives wrappers that replace the parameter tensors. Full sizes are not
+guessed from the local shape (a shard of 2 rows may come from 7 rows over 4
+ranks or 8 over 4): the group's members exchange their local sizes, one small
+all-gather per group for all entries at once, and the sizes are checked
+against the split rule (and against the size the layer recorded, if any).
+
+Under fully_shard (FSDP2) an entry is a DTensor whose shape is what the rank
+would hold without it; its layout is that of this shape, and ``fsdp`` keeps
+the DTensor's mesh and placements (fully_sharded.py).
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -16,8 +21,9 @@ import torch.distributed as dist
 
 from .. import _C
 from ..distributed import state
-from ..utils.parallel_dim import get_parallel_dim
+from ..utils.shard_facts import named_parameter_shards
 from ..utils.shards import shard_range
+from .fully_sharded import Spec, check_mesh, dtensor_spec
 
 
 @dataclass(frozen=True)
@@ -32,6 +38,7 @@ class EntryLayout:
     group: Optional[str] = None          # shardtorch group name
     group_rank: int = 0
     group_size: int = 1
+    fsdp: Optional[Spec] = field(default=None, compare=False)  # under fully_shard: (mesh, placements)
 
     @property
     def sharded(self) -> bool:
@@ -43,17 +50,9 @@ class EntryLayout:
         return start, stop - start
 
 
-def _sharded_entries(model: torch.nn.Module) -> Dict[str, Tuple[int, str]]:
-    """{state-dict key: (split dim, group)} for every parameter marked sharded."""
-    found = {}
-    for prefix, module in model.named_modules(remove_duplicate=False):
-        group = getattr(module, "group", None)
-        group = group if isinstance(group, str) else state.TENSOR_PARALLEL
-        for name, param in module.named_parameters(recurse=False):
-            dim = get_parallel_dim(param)
-            if dim is not None:
-                found[f"{prefix}.{name}" if prefix else name] = (dim % param.dim(), group)
-    return found
+def _sharded_entries(model: torch.nn.Module) -> Dict[str, Tuple[int, str, Optional[int]]]:
+    """{state-dict key: (split dim, group, recorded full size or None)} for every sharded parameter."""
+    return {key: (spec.dim, spec.group, spec.full_size) for key, _, spec in named_parameter_shards(model)}
 
 
 def model_layout(model: torch.nn.Module, state_dict: Optional[dict] = None) -> Dict[str, EntryLayout]:
@@ -66,28 +65,39 @@ def model_layout(model: torch.nn.Module, state_dict: Optional[dict] = None) -> D
         state_dict = model.state_dict()
     sharded = _sharded_entries(model)
     by_group: Dict[str, List[str]] = {}
-    for key, (_, group) in sharded.items():
+    for key, (_, group, _) in sharded.items():
         if key in state_dict:
             by_group.setdefault(group, []).append(key)
     full_sizes = {}
     # Every rank walks the groups in the same (sorted) order.
     for group, keys in sorted(by_group.items()):
-        full_sizes.update(_exchange_full_sizes(state_dict, keys, {k: sharded[k][0] for k in keys}, group))
+        full_sizes.update(_exchange_full_sizes(state_dict, keys, {k: sharded[k][0] for k in keys}, group,
+                                               {k: sharded[k][2] for k in keys}))
     layout = {}
     for key, tensor in state_dict.items():
         shape = tuple(tensor.shape)
+        fsdp = dtensor_spec(tensor)
         if key in full_sizes:
-            dim, group = sharded[key]
+            dim, group, _ = sharded[key]
+            check_mesh(key, fsdp, group, _ranks_holding_the_same_shard(group))
             full = list(shape)
             full[dim] = full_sizes[key]
             layout[key] = EntryLayout(key, shape, tuple(full), tensor.dtype, tensor.device, dim, group,
-                                      state.get_group_rank(group), state.get_group_size(group))
+                                      state.get_group_rank(group), state.get_group_size(group), fsdp)
         else:
-            layout[key] = EntryLayout(key, shape, shape, tensor.dtype, tensor.device)
+            layout[key] = EntryLayout(key, shape, shape, tensor.dtype, tensor.device, fsdp=fsdp)
     return layout
 
 
-def _exchange_full_sizes(state_dict, keys: List[str], dims: Dict[str, int], group: str) -> Dict[str, int]:
+def _ranks_holding_the_same_shard(group: str) -> List[int]:
+    """The global ranks that hold this rank's shard of an entry split over ``group``."""
+    if group == state.TENSOR_PARALLEL:
+        return state.get_group_ranks(state.DATA_PARALLEL)
+    return [state.get_rank()]
+
+
+def _exchange_full_sizes(state_dict, keys: List[str], dims: Dict[str, int], group: str,
+                         recorded: Dict[str, Optional[int]]) -> Dict[str, int]:
     size = state.get_group_size(group)
     local = torch.tensor([state_dict[k].shape[dims[k]] for k in keys], dtype=torch.int64)
     if size == 1:
@@ -105,5 +115,9 @@ def _exchange_full_sizes(state_dict, keys: List[str], dims: Dict[str, int], grou
                 f"state dict entry {key!r}: shard sizes along dim {dims[key]} over group {group!r} "
                 f"are {per_rank}, which break the split rule for a total of {total} "
                 f"(expected {list(_C.shard_sizes(total, size))})")
+        if recorded[key] is not None and recorded[key] != total:
+            raise RuntimeError(
+                f"state dict entry {key!r}: its layer records a full size of {recorded[key]} along dim "
+                f"{dims[key]}, but the shards over group {group!r} add up to {total} ({per_rank})")
         result[key] = total
     return result

@@ -7,6 +7,7 @@ import torch
 import torch.distributed as dist
 
 from ..distributed import state
+from .fully_sharded import in_model_form
 from .layout import EntryLayout, model_layout
 from .verify import broadcast_verdict, match_ddp_prefix, mismatches, shapes_of
 
@@ -27,7 +28,8 @@ def relocate_state_dict(model: torch.nn.Module, state_dict: Optional[dict],
     tensor-parallel group, only the slices that rank holds. Before any tensor
     moves, ``src`` checks the checkpoint's keys and full shapes against the
     model and broadcasts its verdict: a mismatch raises CheckpointMismatchError
-    naming the keys on every rank.
+    naming the keys on every rank. Under fully_shard (FSDP2) each entry the
+    model holds as a DTensor is returned as one, this rank's slice of it.
     """
     world = state.get_world_size()
     if not (isinstance(src, int) and 0 <= src < world):
@@ -46,9 +48,9 @@ def relocate_state_dict(model: torch.nn.Module, state_dict: Optional[dict],
         if key in payload["objects"]:
             result[key] = payload["objects"][key]
         elif entry.sharded:
-            result[key] = _scatter_slices(value, entry, payload["dtypes"][key], src)
+            result[key] = in_model_form(_scatter_slices(value, entry, payload["dtypes"][key], src), entry.fsdp)
         else:
-            result[key] = _broadcast(value, entry, payload["dtypes"][key], src)
+            result[key] = in_model_form(_broadcast(value, entry, payload["dtypes"][key], src), entry.fsdp)
     if payload["metadata"] is not None:
         result._metadata = payload["metadata"]
     return result

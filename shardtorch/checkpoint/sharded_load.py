@@ -7,6 +7,7 @@ import torch
 
 from ..distributed import state
 from . import sharded_format as fmt
+from .fully_sharded import in_model_form
 from .layout import EntryLayout, model_layout
 from .optimizer.sharded import load_sharded_optimizer_state_dict
 from .sharded_read import read_box
@@ -21,7 +22,8 @@ def load_sharded_state_dict(model: torch.nn.Module, path: str) -> "OrderedDict[s
     Collective: every rank calls it. Rank 0 first checks that the checkpoint is
     committed and complete (every file present with its size) and that its
     keys and full shapes fit the model, then broadcasts the verdict: any
-    problem raises on every rank, naming the file or key.
+    problem raises on every rank, naming the file or key. Under fully_shard
+    (FSDP2) each entry the model holds as a DTensor is returned as one.
     """
     layout = model_layout(model)
     verdict = _check_on_rank0(path, layout) if state.get_rank() == 0 else None
@@ -31,7 +33,7 @@ def load_sharded_state_dict(model: torch.nn.Module, path: str) -> "OrderedDict[s
     files: Dict[str, dict] = {}
     result = OrderedDict()
     for key, entry in layout.items():
-        result[key] = read_box(entry, saved[key], directory, files)
+        result[key] = in_model_form(read_box(entry, saved[key], directory, files), entry.fsdp)
     return result
 
 

@@ -9,6 +9,7 @@ import torch.distributed as dist
 
 from ..distributed import state
 from . import sharded_format as fmt
+from .fully_sharded import whole_shard
 from .layout import EntryLayout, model_layout
 from .optimizer.sharded import OPTIMIZER_META_KEY, sharded_optimizer_entries
 
@@ -34,7 +35,9 @@ def save_sharded(model: torch.nn.Module, path: str, state_dict: Optional[dict] =
     after every rank has reported its file complete, so a failure anywhere,
     reported or a crash, leaves the previous checkpoint at ``path`` the one
     that loads. A rank that fails makes every rank raise SaveFailedError. Older
-    versions are removed once the new one is committed.
+    versions are removed once the new one is committed. Under fully_shard
+    (FSDP2) every entry is gathered over its data-parallel mesh first (one
+    at a time), so a writer holds its whole shards, as without fully_shard.
     """
     state_dict = model.state_dict() if state_dict is None else state_dict
     layout = model_layout(model, state_dict)
@@ -109,6 +112,7 @@ def _entries_this_rank_writes(state_dict, layout: Dict[str, EntryLayout], file_n
     writes_shards = _writes_shards()
     for key, tensor in state_dict.items():
         entry = layout[key]
+        tensor = whole_shard(tensor)  # under fully_shard: collective over its mesh, on every rank
         if entry.sharded and entry.group not in (state.TENSOR_PARALLEL, state.WORLD):
             raise NotImplementedError(f"save_sharded: entry {key!r} is sharded over group "
                                       f"{entry.group!r}; only 'tp' and 'world' are supported")

@@ -20,8 +20,22 @@ def layout(world: int, tp: int) -> torch.Tensor:
 
 def mesh_from_groups(dp_group: dist.ProcessGroup, tp_group: dist.ProcessGroup, world: int, tp: int,
                      device_type: str) -> DeviceMesh:
-    return DeviceMesh.from_group([dp_group, tp_group], device_type, mesh=layout(world, tp),
+    mesh = DeviceMesh.from_group([dp_group, tp_group], device_type, mesh=layout(world, tp),
                                  mesh_dim_names=DIM_NAMES)
+    row, column = divmod(dist.get_rank(), tp)
+    check_groups_agree(mesh, mesh.mesh[row].tolist(), mesh.mesh[:, column].tolist(), "device_mesh")
+    return mesh
+
+
+def check_groups_agree(mesh: DeviceMesh, tp_ranks: List[int], dp_ranks: List[int], what: str) -> None:
+    """The mesh's "tp" and "dp" process groups hold exactly the ranks of this
+    rank's row and column of the layout (DeviceMesh.from_group does not check
+    that the groups it is given match the table)."""
+    for name, expected in (("tp", tp_ranks), ("dp", dp_ranks)):
+        actual = dist.get_process_group_ranks(mesh.get_group(name))
+        if sorted(actual) != sorted(expected):
+            raise ValueError(f"{what}: the mesh's {name!r} process group holds ranks {actual}, but its table "
+                             f"{mesh.mesh.tolist()} puts rank {dist.get_rank()} with {expected} along {name!r}")
 
 
 def groups_from_mesh(mesh: DeviceMesh, world: int, rank: int):
@@ -43,4 +57,5 @@ def groups_from_mesh(mesh: DeviceMesh, world: int, rank: int):
     row, column = divmod(rank, tp)
     tp_ranks: List[int] = table[row].tolist()
     dp_ranks: List[int] = table[:, column].tolist()
+    check_groups_agree(mesh, tp_ranks, dp_ranks, "init_process_group")
     return tp, mesh.get_group("tp"), tp_ranks, mesh.get_group("dp"), dp_ranks

@@ -38,6 +38,29 @@ def _default_backend() -> str:
     return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
 
 
+def groups_backend(default_config: str) -> Optional[str]:
+    """The backend of shardtorch's own groups, given the default group's
+    backend config (``torch.distributed.get_backend_config()``, e.g.
+    "cuda:nccl"): None to inherit it when it can move CPU tensors; otherwise
+    the same with Gloo for CPU added ("cuda:nccl" -> "cpu:gloo,cuda:nccl"), so
+    that CPU tensors of the shard ops (and DDP or checkpoints on the CPU) work
+    when torch.distributed was started with backend="nccl". CUDA tensors of the
+    shard ops use NCCL directly whichever the backend: their communicator's id
+    travels through the group's store."""
+    entries = [item.strip() for item in default_config.split(",") if item.strip()]
+    devices = [item.split(":", 1)[0] for item in entries if ":" in item]
+    if "cpu" in devices or not entries:
+        return None
+    if len(devices) != len(entries):  # one backend for every device, e.g. "mpi"
+        return None
+    return ",".join(["cpu:gloo"] + entries)
+
+
+def _new_group_kwargs(timeout: datetime.timedelta) -> dict:
+    backend = groups_backend(dist.get_backend_config())
+    return {"timeout": timeout} if backend is None else {"timeout": timeout, "backend": backend}
+
+
 def _indivisible(world: int, group_size: int) -> ValueError:
     return ValueError(f"init_process_group: group_size must divide the world size {world}, got {group_size}")
 
@@ -108,16 +131,22 @@ def init_process_group(group_size: Optional[int] = None, backend: Optional[str] 
     topology = _C.TensorParallelTopology(world, rank, group_size)
     state = _State(topology=topology, owns_default_group=owns)
 
-    # Every rank creates every group, in the same order (torch requires it).
+    # Every rank creates every group, in the same order (torch requires it),
+    # with a CPU backend even when the default group has none.
+    kwargs = _new_group_kwargs(timeout)
     for ranks in topology.tensor_parallel_groups():
-        group = dist.new_group(ranks, timeout=timeout)
+        group = dist.new_group(ranks, **kwargs)
         if rank in ranks:
             state.groups[TENSOR_PARALLEL], state.ranks[TENSOR_PARALLEL] = group, list(ranks)
     for ranks in topology.data_parallel_groups():
-        group = dist.new_group(ranks, timeout=timeout)
+        group = dist.new_group(ranks, **kwargs)
         if rank in ranks:
             state.groups[DATA_PARALLEL], state.ranks[DATA_PARALLEL] = group, list(ranks)
-    state.groups[WORLD], state.ranks[WORLD] = dist.group.WORLD, list(range(world))
+    if "backend" in kwargs:  # the default group cannot move CPU tensors: a world group that can
+        state.groups[WORLD] = dist.new_group(list(range(world)), **kwargs)
+    else:
+        state.groups[WORLD] = dist.group.WORLD
+    state.ranks[WORLD] = list(range(world))
 
     for name, group in state.groups.items():
         _C.register_group(name, group.group_name, state.ranks[name])
@@ -170,7 +199,7 @@ def destroy_process_group(keep_torch_distributed: bool = False) -> None:
         return
     _C.clear_groups()
     for name, group in _state.groups.items():
-        if name != WORLD and _state.owns_groups and dist.is_initialized():
+        if group is not dist.group.WORLD and _state.owns_groups and dist.is_initialized():
             try:
                 dist.destroy_process_group(group)
             except Exception:  # noqa: BLE001 - best effort while shutting down

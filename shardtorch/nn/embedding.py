@@ -3,12 +3,15 @@ tensor-parallel group, over the op torch.ops.shard.parallel_embedding."""
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..distributed import state
-from ..utils.parallel_dim import register_parallel_dim
+from ..utils.parallel_dim import set_attribute
+from ..utils.shard_facts import register_shard
 from ..utils.shards import shard_range
 from .convert import replace_modules
+from .parallel.plain_ddp import check_active_ddp, register_ddp_parameters_to_ignore
 from .embedding_init import init_embedding_shard_
 from .init import draw_on_cpu_
 
@@ -20,12 +23,15 @@ class ParallelEmbedding(nn.Module):
         num_embeddings, embedding_dim, padding_idx, max_norm, norm_type,
         scale_grad_by_freq, sparse, device, dtype: as torch.nn.Embedding, and
             honoured exactly as it does.
-        dim: 0: vocabulary-parallel, each rank holds a slice of the rows;
-            indices of other ranks' rows look up zeros and the group sums its
-            outputs. 1: embedding-dim-parallel, each rank holds a slice of the
-            columns; the output is gathered on its last dim. Either way every
-            rank returns the whole [*, embedding_dim] output, as
-            torch.nn.Embedding does (so it feeds any layer, sharded or not).
+        dim: as TorchShard, a dimension of the [num_embeddings,
+            embedding_dim] table. None (default, as TorchShard): not split,
+            torch.nn.Embedding. 0: vocabulary-parallel, each rank holds a
+            slice of the rows; indices of other ranks' rows look up zeros and
+            the group sums its outputs. 1 (or -1): embedding-dim-parallel,
+            each rank holds a slice of the columns; the output is gathered on
+            its last dim. Either way every rank returns the whole
+            [*, embedding_dim] output, as torch.nn.Embedding does (so it feeds
+            any layer, sharded or not).
         group: name of the shardtorch group to split over (default "tp").
 
     A new layer holds exactly the slice of the table torch.nn.Embedding draws
@@ -39,13 +45,13 @@ class ParallelEmbedding(nn.Module):
 
     def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: Optional[int] = None,
                  max_norm: Optional[float] = None, norm_type: float = 2.0,
-                 scale_grad_by_freq: bool = False, sparse: bool = False, dim: int = 0,
+                 scale_grad_by_freq: bool = False, sparse: bool = False, dim: Optional[int] = None,
                  device=None, dtype=None, group: str = state.TENSOR_PARALLEL,
                  _initialize: bool = True) -> None:
         super().__init__()
-        if dim not in (0, 1) or isinstance(dim, bool):
-            raise ValueError(f"ParallelEmbedding: dim must be 0 (vocabulary-parallel) or 1 "
-                             f"(embedding-dim-parallel), got {dim!r}")
+        if dim not in (None, 0, 1, -1) or isinstance(dim, bool):
+            raise ValueError(f"ParallelEmbedding: dim must be 0 (vocabulary-parallel), 1 or -1 "
+                             f"(embedding-dim-parallel) or None (not split), got {dim!r}")
         for name, value in (("num_embeddings", num_embeddings), ("embedding_dim", embedding_dim)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"ParallelEmbedding: {name} must be a non-negative int, got {value!r}")
@@ -58,23 +64,32 @@ class ParallelEmbedding(nn.Module):
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         self.padding_idx, self.max_norm, self.norm_type = padding_idx, max_norm, norm_type
         self.scale_grad_by_freq, self.sparse, self.dim, self.group = scale_grad_by_freq, sparse, dim, group
-        size, rank = state.get_group_size(group), state.get_group_rank(group)
+        # The table dimension that is split (-1 is 1); -1: not split (an int,
+        # so that TorchScript sees one type whatever dim is).
+        self._split_dim = -1 if dim is None else dim % 2
+        size, rank = (1, 0) if dim is None else (state.get_group_size(group), state.get_group_rank(group))
         self.group_rank, self.group_size = rank, size
         self._row_range, self._col_range = (0, num_embeddings), (0, embedding_dim)
-        split = shard_range(num_embeddings if dim == 0 else embedding_dim, size, rank)
-        if dim == 0:
-            self._row_range = split
-        else:
-            self._col_range = split
+        if dim is not None:
+            split = shard_range(num_embeddings if self._split_dim == 0 else embedding_dim, size, rank)
+            if self._split_dim == 0:
+                self._row_range = split
+            else:
+                self._col_range = split
         shape = (self._row_range[1] - self._row_range[0], self._col_range[1] - self._col_range[0])
         self.weight = nn.Parameter(torch.empty(shape, device=device, dtype=dtype))
-        register_parallel_dim(self.weight, dim)  # the dimension of the full table it was cut along
+        # The shard facts live on the layer (they survive wrappers); the table
+        # also carries TorchShard's mark (the layer's dim, order_type 1: the
+        # table is in the layer's own order) for its readers.
+        set_attribute(self.weight, dim, order_type=1)
+        if dim is not None:
+            register_shard(self, "weight", self._split_dim, self._full_size, group)
         if _initialize:
             self.reset_parameters()
 
     @property
     def _full_size(self) -> int:
-        return self.num_embeddings if self.dim == 0 else self.embedding_dim
+        return self.num_embeddings if self._split_dim == 0 else self.embedding_dim
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
@@ -86,17 +101,21 @@ class ParallelEmbedding(nn.Module):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if not torch.jit.is_scripting() and not torch.compiler.is_compiling():
             self._check_indices(input)
+        if self._split_dim < 0:
+            return F.embedding(input, self.weight, self.padding_idx, self.max_norm, self.norm_type,
+                               self.scale_grad_by_freq, self.sparse)
         if self.max_norm is not None:
             with torch.no_grad():
                 torch.ops.shard.parallel_embedding_renorm_(self.weight, input, self.max_norm,
-                                                           self.norm_type, self.dim, self._full_size,
+                                                           self.norm_type, self._split_dim, self._full_size,
                                                            self.group)
-        return torch.ops.shard.parallel_embedding(input, self.weight, self.padding_idx, self.dim,
+        return torch.ops.shard.parallel_embedding(input, self.weight, self.padding_idx, self._split_dim,
                                                   self._full_size, self.scale_grad_by_freq,
                                                   self.sparse, self.group)
 
     @torch.jit.unused
     def _check_indices(self, input: torch.Tensor) -> None:
+        check_active_ddp()
         # A vocabulary-parallel lookup would silently return zeros for an index
         # past the table: check it as torch.nn.Embedding does. Only for CPU
         # inputs, where the check costs no device synchronisation.
@@ -115,7 +134,7 @@ class ParallelEmbedding(nn.Module):
         return text + f", shard={tuple(self.weight.shape)}"
 
     @classmethod
-    def from_embedding(cls, embedding: nn.Embedding, dim: int,
+    def from_embedding(cls, embedding: nn.Embedding, dim: Optional[int],
                        group: str = state.TENSOR_PARALLEL) -> "ParallelEmbedding":
         """A ParallelEmbedding holding this rank's slice of ``embedding``'s
         table, with every option of ``embedding`` (and its requires_grad and
@@ -132,10 +151,14 @@ class ParallelEmbedding(nn.Module):
         return layer
 
     @classmethod
-    def convert_parallel_embedding(cls, module: nn.Module, dim: int,
+    def convert_parallel_embedding(cls, module: nn.Module, dim: Optional[int] = None,
                                    group: str = state.TENSOR_PARALLEL) -> nn.Module:
         """Replaces every torch.nn.Embedding in ``module`` (nested ones too, and
         ``module`` itself) by a ParallelEmbedding keeping its trained weights
-        and options."""
-        return replace_modules(module, nn.Embedding, lambda embedding: cls.from_embedding(embedding, dim, group),
-                               ParallelEmbedding)
+        and options, and, as TorchShard, tells a torch DistributedDataParallel
+        wrapped around the result to leave the shards alone
+        (``ts.register_ddp_parameters_to_ignore``)."""
+        converted = replace_modules(module, nn.Embedding,
+                                    lambda embedding: cls.from_embedding(embedding, dim, group), ParallelEmbedding)
+        register_ddp_parameters_to_ignore(converted)
+        return converted

@@ -4,15 +4,50 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ..distributed.state import TENSOR_PARALLEL
-from ..utils.parallel_dim import get_parallel_full_size, is_sharded_on_last_dim
+import torch.distributed as dist
+
+from ..distributed.state import TENSOR_PARALLEL, get_group
+from ..utils.parallel_dim import get_parallel_full_size, is_sharded_on_last_dim, register_parallel_dim
+from .parallel.plain_ddp import check_active_ddp
 
 
 def parallel_linear(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
                     dim: Optional[int] = None, group: str = TENSOR_PARALLEL) -> torch.Tensor:
     """y = input weight^T + bias with ``weight`` this rank's shard; see
-    ParallelLinear for ``dim``."""
-    return torch.ops.shard.parallel_linear(input, weight, bias, dim, group)
+    ParallelLinear for ``dim``. As the layer (and TorchShard), a
+    column-parallel output is marked as sharded on its last dim."""
+    check_active_ddp()
+    output = torch.ops.shard.parallel_linear(input, weight, bias, dim, group)
+    if dim in (1, -1):
+        register_parallel_dim(output, -1)
+    return output
+
+
+def parallel_embedding(input: torch.Tensor, weight: torch.Tensor, padding_idx: Optional[int] = None,
+                       max_norm: Optional[float] = None, norm_type: float = 2.0,
+                       scale_grad_by_freq: bool = False, sparse: bool = False,
+                       num_embeddings: Optional[int] = None, dim: Optional[int] = None,
+                       group: str = TENSOR_PARALLEL) -> torch.Tensor:
+    """F.embedding with ``weight`` this rank's shard of the table (TorchShard's
+    signature); ``dim`` as ParallelEmbedding's (None: F.embedding itself).
+    ``num_embeddings``: the whole vocabulary for dim=0 (None: the sum of the
+    group's shards, one more tiny collective); ``padding_idx`` a global index."""
+    if dim is None:
+        return F.embedding(input, weight, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse)
+    if dim not in (0, 1, -1) or isinstance(dim, bool):
+        raise ValueError(f"parallel_embedding: dim must be None, 0, 1 or -1, got {dim!r}")
+    check_active_ddp()
+    split = dim % 2
+    full_size = num_embeddings if split == 0 else None
+    if full_size is None:
+        local = torch.tensor([weight.shape[split]], dtype=torch.int64)
+        dist.all_reduce(local, group=get_group(group))
+        full_size = int(local)
+    if max_norm is not None:
+        with torch.no_grad():
+            torch.ops.shard.parallel_embedding_renorm_(weight, input, max_norm, norm_type, split, full_size, group)
+    return torch.ops.shard.parallel_embedding(input, weight, padding_idx, split, full_size, scale_grad_by_freq,
+                                              sparse, group)
 
 
 _REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
@@ -24,6 +59,27 @@ def _reduction_code(reduction: str, fn: str) -> int:
     if reduction not in _REDUCTIONS:
         raise ValueError(f"{fn}: reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
     return _REDUCTIONS[reduction]
+
+
+def _legacy_reduction(size_average: Optional[bool], reduce: Optional[bool]) -> str:
+    # torch.nn._reduction.legacy_get_string's rule: both default to True.
+    size_average = True if size_average is None else size_average
+    reduce = True if reduce is None else reduce
+    return "none" if not reduce else ("mean" if size_average else "sum")
+
+
+class ParallelCrossEntropy:
+    """TorchShard's name for the parallel loss as an autograd function:
+    ``ParallelCrossEntropy.apply(input, target, weight, size_average,
+    ignore_index, reduce, reduction)`` is
+    ``parallel_cross_entropy(input, target, ..., parallel=True)``."""
+
+    @staticmethod
+    def apply(input: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor] = None,
+              size_average: Optional[bool] = None, ignore_index: int = -100, reduce: Optional[bool] = None,
+              reduction: str = "mean") -> torch.Tensor:
+        return parallel_cross_entropy(input, target, weight, ignore_index, reduction, parallel=True,
+                                      size_average=size_average, reduce=reduce)
 
 
 def _plain_cross_entropy(input, target, weight, ignore_index, reduction, label_smoothing, z_loss):
@@ -52,7 +108,8 @@ def parallel_cross_entropy(input: torch.Tensor, target: torch.Tensor,
                            reduction: str = "mean", label_smoothing: float = 0.0,
                            z_loss: float = 0.0, parallel: Optional[bool] = None,
                            group: str = TENSOR_PARALLEL,
-                           num_classes: Optional[int] = None) -> torch.Tensor:
+                           num_classes: Optional[int] = None, *, size_average: Optional[bool] = None,
+                           reduce: Optional[bool] = None) -> torch.Tensor:
     """torch.nn.functional.cross_entropy of logits sharded on their last dim.
 
     Args:
@@ -64,19 +121,24 @@ def parallel_cross_entropy(input: torch.Tensor, target: torch.Tensor,
         z_loss: adds ``z_loss * logsumexp(logits)**2`` to every row that is not
             ignored (unweighted); 'mean' divides it by the cross-entropy's own
             denominator (the summed target weights, or the count of rows).
-        parallel: None (default): parallel when ``input`` is a column-parallel
-            output (``parallel_dim == -1``), plain F.cross_entropy otherwise
-            (TorchShard's rule). True / False force either mode.
+        parallel: None (default): parallel when ``input`` is marked as a
+            column-parallel output (``parallel_dim`` -1 or 1), plain
+            F.cross_entropy otherwise, a row-parallel (0) or unmarked input
+            included (TorchShard's rule). True / False force either mode.
         group: the shardtorch group the classes are split over.
         num_classes: total classes. None (default): the full size that a
             column-parallel output carries with its mark (ParallelLinear(dim=1)
             marks out_features); for an unmarked input the ranks exchange their
             shard sizes first (one more tiny collective).
+        size_average, reduce: deprecated, as in F.cross_entropy (keyword
+            only here): when either is given they decide ``reduction``.
 
     Parallel mode: one all-gather of per-row statistics forward (when the
     number of classes is known, see ``num_classes``), nothing backward, no
     [rows, all classes] tensor anywhere; ``input`` is not modified.
     """
+    if size_average is not None or reduce is not None:
+        reduction = _legacy_reduction(size_average, reduce)
     code = _reduction_code(reduction, "parallel_cross_entropy")
     marked = is_sharded_on_last_dim(input)
     if parallel is None:

@@ -17,8 +17,12 @@ CPU, then moved): see ``draw_on_cpu_``.
 from typing import Callable, Optional
 
 import torch
+import torch.distributed as dist
 
 from .. import _C
+from ..distributed import state
+from ..utils.parallel_dim import PARALLEL_DIM_ATTR, parameter_split_dim
+from ..utils.shards import shard_range
 
 CHUNK_ELEMENTS = 1 << 20
 
@@ -56,3 +60,41 @@ def init_linear_shard_(weight: torch.Tensor, bias, in_features: int, out_feature
     in_range = tuple(in_range or (0, in_features))
     _C.init_linear_shard_(weight, bias, in_features, out_features, out_range, in_range,
                           CHUNK_ELEMENTS)
+
+
+def shard_init_helper_(init_method: Callable[..., object], tensor: torch.Tensor, **kwargs) -> None:
+    """TorchShard's helper: initialises a shard as ``init_method(full, **kwargs)``
+    initialises the whole tensor, then keeps this rank's slice.
+
+    The whole tensor is drawn on rank 0 of the world and broadcast to every
+    rank (so every data-parallel replica starts the same, as in TorchShard).
+    Which dimension was split is read from the tensor's parallel mark
+    (TorchShard's meaning, ``shardtorch.utils.parallel_dim.parameter_split_dim``,
+    the ``order_type`` honoured); the whole length is the sum of the group's
+    shards (uneven shards follow the split rule). A tensor without the mark
+    attribute is initialised in place by ``init_method`` alone; one that has
+    it, even as None (the parameters of a ParallelLinear(dim=None), the whole
+    bias of a row-parallel layer), is drawn and broadcast, as in TorchShard."""
+    if not hasattr(tensor, PARALLEL_DIM_ATTR):
+        init_method(tensor, **kwargs)
+        return
+    split = parameter_split_dim(tensor, "shard_init_helper_: tensor")
+    shape = list(tensor.shape)
+    rank, size = state.get_group_rank(), state.get_group_size()
+    if split is not None:
+        local = torch.tensor([shape[split]], dtype=torch.int64)
+        dist.all_reduce(local, group=state.get_group())
+        shape[split] = int(local)
+    with torch.no_grad():
+        full = torch.empty(shape, dtype=tensor.dtype, device=tensor.device)
+        init_method(full, **kwargs)
+        if state.get_world_size() > 1:
+            dist.broadcast(full, src=0)
+        if split is not None:
+            start, stop = shard_range(shape[split], size, rank)
+            full = full.narrow(split, start, stop - start)
+        if tuple(full.shape) != tuple(tensor.shape):
+            raise ValueError(f"shard_init_helper_: this rank's slice of the whole {tuple(shape)} tensor is "
+                             f"{tuple(full.shape)}, but the tensor is {tuple(tensor.shape)}: its shard does "
+                             f"not follow the split rule")
+        tensor.copy_(full)

@@ -4,12 +4,15 @@ from typing import Optional
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from .. import _C
 from ..distributed import state
-from ..utils.parallel_dim import is_sharded_on_last_dim, register_parallel_dim
+from ..utils.parallel_dim import is_sharded_on_last_dim, register_parallel_dim, set_attribute
+from ..utils.shard_facts import register_shard
 from ..utils.shards import shard_range
 from .convert import replace_modules
+from .parallel.plain_ddp import check_active_ddp, register_ddp_parameters_to_ignore
 from .init import draw_on_cpu_, init_linear_shard_
 
 _DIMS = (None, 0, 1, -1)
@@ -67,10 +70,18 @@ class ParallelLinear(nn.Module):
                                                **factory))
         bias_size = out_range[1] - out_range[0]
         self.bias = nn.Parameter(torch.empty(bias_size, **factory)) if bias else None
-        # Which dimension of the full parameter each shard was cut along.
-        register_parallel_dim(self.weight, {None: None, 0: 1, 1: 0, -1: 0}[dim])
+        # The shard facts live on the layer (they survive wrappers); the
+        # tensors also carry TorchShard's mark (the layer's dim, order_type 0:
+        # the weight stores the [in, out] view reversed) for its readers.
+        set_attribute(self.weight, dim, order_type=0)
         if self.bias is not None:
-            register_parallel_dim(self.bias, 0 if dim in (1, -1) else None)
+            set_attribute(self.bias, dim, order_type=0)
+        if dim in (1, -1):
+            register_shard(self, "weight", 0, out_features, group)
+            if self.bias is not None:
+                register_shard(self, "bias", 0, out_features, group)
+        elif dim == 0:
+            register_shard(self, "weight", 1, in_features, group)
         self._out_range, self._in_range = out_range, in_range
         if _initialize:
             self.reset_parameters()
@@ -101,7 +112,26 @@ class ParallelLinear(nn.Module):
         return output
 
     @torch.jit.unused
+    def linear_cross_entropy(self, input: torch.Tensor, target: torch.Tensor, **options) -> torch.Tensor:
+        """The parallel cross-entropy of this column-parallel layer's logits
+        without them (ts.nn.functional.parallel_linear_cross_entropy; ``options``
+        are its class_weight, ignore_index, ...): what ParallelLinearCrossEntropyLoss
+        calls. A method of the layer, so that wrappers acting around a layer's
+        forward methods (fully_shard's register_fsdp_forward_method) gather its
+        parameters for it and reduce their gradients as for forward."""
+        from . import functional as TF
+        if isinstance(self.weight, DTensor):
+            raise RuntimeError(
+                "ParallelLinear.linear_cross_entropy: the weight is a DTensor (fully_shard's sharded form), so "
+                "its parameters were not gathered: fully_shard gathers them only around the forward methods it "
+                "knows. Wrap the model with ts.nn.parallel.fully_shard, or call torch.distributed.fsdp."
+                "register_fsdp_forward_method(head, 'linear_cross_entropy') after fully_shard(head)")
+        return TF.parallel_linear_cross_entropy(input, self.weight, self.bias, target, group=self.group,
+                                                num_classes=self.out_features, **options)
+
+    @torch.jit.unused
     def _check_marked_input(self, input: torch.Tensor) -> None:
+        check_active_ddp()
         if self.dim == 0 and is_sharded_on_last_dim(input) and input.shape[-1] != self.weight.shape[1]:
             raise ValueError(
                 f"ParallelLinear(dim=0): input is marked as sharded on its last dim but has "
@@ -132,9 +162,14 @@ class ParallelLinear(nn.Module):
         return layer
 
     @classmethod
-    def convert_parallel_linear(cls, module: nn.Module, dim: Optional[int],
+    def convert_parallel_linear(cls, module: nn.Module, dim: Optional[int] = None,
                                 group: str = state.TENSOR_PARALLEL) -> nn.Module:
         """Replaces every torch.nn.Linear in ``module`` (nested ones too, and
-        ``module`` itself) by a ParallelLinear keeping its trained weights."""
-        return replace_modules(module, nn.Linear, lambda linear: cls.from_linear(linear, dim, group),
-                               ParallelLinear)
+        ``module`` itself) by a ParallelLinear keeping its trained weights,
+        and, as TorchShard, tells a torch DistributedDataParallel wrapped
+        around the result to leave the shards alone
+        (``ts.register_ddp_parameters_to_ignore``)."""
+        converted = replace_modules(module, nn.Linear, lambda linear: cls.from_linear(linear, dim, group),
+                                    ParallelLinear)
+        register_ddp_parameters_to_ignore(converted)
+        return converted

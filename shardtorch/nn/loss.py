@@ -15,8 +15,8 @@ class ParallelCrossEntropyLoss(nn.Module):
     """torch.nn.CrossEntropyLoss for logits sharded on their last dim.
 
     Parallel when the input is a column-parallel output (marked
-    ``parallel_dim == -1``, as ParallelLinear(dim=1) marks it), plain
-    F.cross_entropy otherwise; ``parallel=True/False`` forces either. The
+    ``parallel_dim`` -1 or 1, as ParallelLinear(dim=1) marks it), plain
+    F.cross_entropy otherwise (unmarked, or a row-parallel output marked 0); ``parallel=True/False`` forces either. The
     number of classes comes with the mark, so the default ``num_classes=None``
     costs one collective per forward; only an unmarked input with
     ``parallel=True`` and no ``num_classes`` pays one more (a shard-size
@@ -27,8 +27,11 @@ class ParallelCrossEntropyLoss(nn.Module):
     def __init__(self, weight: Optional[torch.Tensor] = None, ignore_index: int = -100,
                  reduction: str = "mean", label_smoothing: float = 0.0, z_loss: float = 0.0,
                  parallel: Optional[bool] = None, group: str = state.TENSOR_PARALLEL,
-                 num_classes: Optional[int] = None) -> None:
+                 num_classes: Optional[int] = None, *, size_average: Optional[bool] = None,
+                 reduce: Optional[bool] = None) -> None:
         super().__init__()
+        if size_average is not None or reduce is not None:  # deprecated, as in torch.nn.CrossEntropyLoss
+            reduction = TF._legacy_reduction(size_average, reduce)
         TF._reduction_code(reduction, "ParallelCrossEntropyLoss")
         for name, value in (("label_smoothing", label_smoothing), ("z_loss", z_loss)):
             if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -89,6 +92,7 @@ class ParallelLinearCrossEntropyLoss(nn.Module):
             return TF.parallel_cross_entropy(head(input), target, self.weight, self.ignore_index,
                                              self.reduction, self.label_smoothing, self.z_loss,
                                              parallel=False)
-        return TF.parallel_linear_cross_entropy(
-            input, head.weight, head.bias, target, self.weight, self.ignore_index, self.reduction,
-            self.label_smoothing, self.z_loss, self.chunk_size, head.group, head.out_features)
+        # Through the head's own method: under fully_shard, its forward hooks run around it.
+        return head.linear_cross_entropy(input, target, class_weight=self.weight, ignore_index=self.ignore_index,
+                                         reduction=self.reduction, label_smoothing=self.label_smoothing,
+                                         z_loss=self.z_loss, chunk_size=self.chunk_size)

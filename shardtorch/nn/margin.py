@@ -13,7 +13,8 @@ from torch import nn
 
 from .. import _C
 from ..distributed import state
-from ..utils.parallel_dim import register_parallel_dim
+from ..utils.parallel_dim import set_attribute
+from ..utils.shard_facts import register_shard
 from ..utils.shards import shard_range
 from . import functional as TF
 from .embedding_init import CHUNK_ELEMENTS
@@ -86,7 +87,10 @@ class ParallelMarginLoss(nn.Module):
         self._class_range = shard_range(num_classes, self.group_size, self.group_rank)
         local = self._class_range[1] - self._class_range[0]
         self.weight = nn.Parameter(torch.empty(local, in_features, device=device, dtype=dtype))
-        register_parallel_dim(self.weight, 0)
+        # Class rows split (tensor dim 0): recorded on the layer; the tensor
+        # carries TorchShard's mark of a column-parallel [in, out] view (1).
+        register_shard(self, "weight", 0, num_classes, group)
+        set_attribute(self.weight, 1, order_type=0)
         # A buffer, so that a checkpoint resumes the sequence of draws.
         self.register_buffer("sampling_step", torch.zeros((), dtype=torch.int64, device="cpu"))
         self.last_sampled_classes: Optional[torch.Tensor] = None

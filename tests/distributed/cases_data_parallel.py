@@ -153,7 +153,7 @@ def _relative_error(model: nn.Module, reference: nn.Module, initial=None) -> flo
     expected_by_name = dict(reference.named_parameters())
     for name, p in model.named_parameters():
         expected = expected_by_name[name].detach()
-        dim = ts.utils.get_parallel_dim(p)
+        dim = ts.utils.parameter_split_dim(p)
         if dim is not None:
             expected = shard_of(expected, dim)
         actual = p.detach()
@@ -181,7 +181,7 @@ def _train_and_compare(layout: str, optimizer: str, dtype=torch.float64, steps: 
     opt_ref = _make_optimizer(optimizer, reference.parameters())
     opt = _make_optimizer(optimizer, ddp.parameters(), zero_group)
     initial = ({n: p.detach().clone() for n, p in model.named_parameters()},
-               {n: (shard_of(p, ts.utils.get_parallel_dim(q)) if ts.utils.get_parallel_dim(q) is not None else p)
+               {n: (shard_of(p, ts.utils.parameter_split_dim(q)) if ts.utils.parameter_split_dim(q) is not None else p)
                 .detach().clone() for (n, p), q in zip(reference.named_parameters(), model.parameters())})
     autocast = (lambda: torch.autocast("cpu", dtype=autocast_dtype)) if autocast_dtype else None
     for step in range(steps):
@@ -370,7 +370,7 @@ def case_nested_head_keeps_distinct_shards_under_ddp():
                          "head.classifier.weight", "head.classifier.bias"], names
         for name in names:  # still this rank's slice after DDP's constructor broadcast
             p = dict(model.named_parameters())[name]
-            expected = shard_of(dict(reference.named_parameters())[name], ts.utils.get_parallel_dim(p))
+            expected = shard_of(dict(reference.named_parameters())[name], ts.utils.parameter_split_dim(p))
             assert torch.equal(p.detach(), expected), f"{layout}: {name} lost its shard"
         # Ranks of one tensor-parallel group hold different shards of the classifier.
         first_rows = torch.zeros(dist.get_world_size(), WIDTH, dtype=torch.float64)

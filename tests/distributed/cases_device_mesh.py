@@ -7,7 +7,7 @@ another still talks to the old one."""
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 import shardtorch as ts
@@ -96,6 +96,13 @@ def case_a_mesh_shardtorch_cannot_use_fails_clearly():
     strided = init_device_mesh("cpu", (2, 2), mesh_dim_names=("tp", "dp"))
     expect_error(lambda: ts.distributed.init_process_group(mesh=strided),
                  "tensor-parallel groups must be consecutive ranks", "[[0, 2], [1, 3]]", exception=ValueError)
+    # A mesh whose process groups are not the ones its table names (built
+    # from swapped groups: "tp" holds the data-parallel ranks): refused, the
+    # groups are checked, not assumed.
+    swapped = DeviceMesh.from_group([mesh.get_group("tp"), mesh.get_group("dp")], "cpu",
+                                    mesh=torch.arange(4).reshape(2, 2), mesh_dim_names=("dp", "tp"))
+    expect_error(lambda: ts.distributed.init_process_group(mesh=swapped),
+                 "the mesh's 'tp' process group holds ranks", "along 'tp'", exception=ValueError)
     expect_error(lambda: ts.distributed.init_process_group(mesh="2x2"),
                  "mesh must be a torch DeviceMesh, got str", exception=TypeError)
     assert not ts.distributed.is_initialized()

@@ -96,6 +96,7 @@ void softmax_grad_rows(const at::Tensor& values, int64_t col_begin, const at::Te
     at::Tensor g = in_stats_dtype(v, acc);
     const at::Tensor c = coefs.narrow(0, row0, n);
     g.sub_(c.select(1, kCoefLse).unsqueeze(1))
+        .sub_(c.select(1, kCoefLseRemainder).unsqueeze(1))
         .exp_()
         .mul_(c.select(1, kCoefGradScale).unsqueeze(1));
     const at::Tensor smooth = c.select(1, kCoefSmoothScale).unsqueeze(1);

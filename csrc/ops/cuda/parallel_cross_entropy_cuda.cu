@@ -1,8 +1,12 @@
-// Parallel cross-entropy on CUDA: one block per row; the forward pass reads
-// each logit once (online max / sum-exp, target logit, weighted sum, and the
-// copy into the backward buffer in the same read), the backward pass reads and
-// writes the buffer once. Collectives go through NCCL (the CUDA
-// communicator); the fused classifier's chunk products through ATen (cuBLAS).
+// Parallel cross-entropy on CUDA. The forward pass reads each logit once
+// (online max / sum-exp, target logit, weighted sum, and the copy into the
+// backward buffer in the same read); the backward pass reads and writes the
+// buffer once. A row is split over several blocks when there are too few rows
+// to fill the GPU (64 rows over 1M classes would leave most SMs idle with one
+// block per row): each block reduces its columns and a small second kernel
+// merges the blocks of a row. Half and bfloat16 rows are read 16 bytes at a
+// time where their alignment allows. Collectives go through NCCL (the CUDA
+// communicator); the fused classifier's chunk products through cuBLASLt.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -11,11 +15,14 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <limits>
 #include <type_traits>
 
 #include "ops/cross_entropy_kernel_adapter.h"
 #include "ops/cross_entropy_kernels.h"
+#include "ops/cuda/cublaslt_gemm.h"
 
 namespace shardtorch {
 namespace ops {
@@ -23,6 +30,8 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
+constexpr int kPartialStats = 3;   // max, sum-exp, weighted sum of one block's columns
+constexpr int kMaxSplits = 65535;  // gridDim.y
 
 template <typename acc_t>
 struct MaxSum {
@@ -35,6 +44,18 @@ __device__ __forceinline__ MaxSum<acc_t> merge(MaxSum<acc_t> a, MaxSum<acc_t> b)
   const acc_t m = a.max > b.max ? a.max : b.max;
   if (m == -std::numeric_limits<acc_t>::infinity()) return {m, acc_t(0)};
   return {m, a.sum * exp(a.max - m) + b.sum * exp(b.max - m)};
+}
+
+// One value into a running (max, sum-exp): one exp per value.
+template <typename acc_t>
+__device__ __forceinline__ void accumulate(MaxSum<acc_t>& s, acc_t v) {
+  if (v == -std::numeric_limits<acc_t>::infinity()) return;
+  if (v > s.max) {
+    s.sum = s.sum * exp(s.max - v) + acc_t(1);
+    s.max = v;
+  } else {
+    s.sum += exp(v - s.max);
+  }
 }
 
 template <typename acc_t>
@@ -53,24 +74,38 @@ __device__ __forceinline__ acc_t warp_sum(acc_t v) {
   return v;
 }
 
-template <typename scalar_t, typename acc_t>
-__global__ void parallel_cross_entropy_forward_kernel(const scalar_t* __restrict__ logits,
-                                                      int64_t cols, int64_t col_begin,
-                                                      const int64_t* __restrict__ target_local,
-                                                      const acc_t* __restrict__ weight_local,
-                                                      acc_t* __restrict__ stats,
-                                                      scalar_t* __restrict__ copy_to) {
+// kVec values loaded or stored as one (16 bytes for half and bfloat16).
+template <typename scalar_t, int kVec>
+struct alignas(sizeof(scalar_t) * kVec) Pack {
+  scalar_t v[kVec];
+};
+
+// Block (row, split) reduces columns [split * slice, min(cols, (split + 1) *
+// slice)) of its row into partials[row, split]; slice is a multiple of kVec.
+// The block holding the row's target writes its logit and weight to stats.
+template <typename scalar_t, typename acc_t, int kVec>
+__global__ void parallel_cross_entropy_forward_kernel(
+    const scalar_t* __restrict__ logits, int64_t cols, int64_t slice, int64_t col_begin,
+    const int64_t* __restrict__ target_local, const acc_t* __restrict__ weight_local,
+    acc_t* __restrict__ stats, acc_t* __restrict__ partials, scalar_t* __restrict__ copy_to) {
   const int64_t row = blockIdx.x;
+  const int64_t begin = static_cast<int64_t>(blockIdx.y) * slice;
+  const int64_t end = begin + slice < cols ? begin + slice : cols;
   const scalar_t* x = logits + row * cols;
+  scalar_t* copy = copy_to != nullptr ? copy_to + row * cols : nullptr;
   constexpr acc_t kNegInf = -std::numeric_limits<acc_t>::infinity();
   MaxSum<acc_t> local{kNegInf, acc_t(0)};
   acc_t weighted = 0;
-  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-    const scalar_t raw = x[j];
-    if (copy_to != nullptr) copy_to[row * cols + j] = raw;
-    const acc_t v = static_cast<acc_t>(raw);
-    weighted += (weight_local != nullptr ? weight_local[col_begin + j] : acc_t(1)) * v;
-    local = merge(local, MaxSum<acc_t>{v, v == kNegInf ? acc_t(0) : acc_t(1)});
+  for (int64_t j = begin + static_cast<int64_t>(threadIdx.x) * kVec; j < end;
+       j += static_cast<int64_t>(blockDim.x) * kVec) {
+    Pack<scalar_t, kVec> pack = *reinterpret_cast<const Pack<scalar_t, kVec>*>(x + j);
+    if (copy != nullptr) *reinterpret_cast<Pack<scalar_t, kVec>*>(copy + j) = pack;
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      const acc_t v = static_cast<acc_t>(pack.v[i]);
+      weighted += (weight_local != nullptr ? weight_local[col_begin + j + i] : acc_t(1)) * v;
+      accumulate(local, v);
+    }
   }
   local = warp_merge(local);
   weighted = warp_sum(weighted);
@@ -83,47 +118,119 @@ __global__ void parallel_cross_entropy_forward_kernel(const scalar_t* __restrict
   }
   __syncthreads();
   if (threadIdx.x != 0) return;
-  acc_t* s = stats + row * kNumRowStats;
-  MaxSum<acc_t> total{s[kRowMax], s[kRowSumExp]};
+  MaxSum<acc_t> total{kNegInf, acc_t(0)};
+  acc_t total_weighted = 0;
   for (int w = 0; w < kWarps; ++w) {
     total = merge(total, MaxSum<acc_t>{shared_max[w], shared_sum[w]});
-    s[kRowWeightedSum] += shared_weighted[w];
+    total_weighted += shared_weighted[w];
   }
-  s[kRowMax] = total.max;
-  s[kRowSumExp] = total.sum;
+  acc_t* p = partials + (row * gridDim.y + blockIdx.y) * kPartialStats;
+  p[0] = total.max;
+  p[1] = total.sum;
+  p[2] = total_weighted;
   const int64_t t = target_local[row] - col_begin;
-  if (t >= 0 && t < cols) {
+  if (t >= begin && t < end) {
+    acc_t* s = stats + row * kNumRowStats;
     s[kRowTargetLogit] = static_cast<acc_t>(x[t]);
     s[kRowTargetWeight] = weight_local != nullptr ? weight_local[col_begin + t] : acc_t(1);
   }
 }
 
-template <typename scalar_t, typename acc_t>
+// Folds the blocks of each row (and what earlier chunks left in stats) together.
+template <typename acc_t>
+__global__ void merge_row_partials_kernel(const acc_t* __restrict__ partials, int64_t splits,
+                                          int64_t rows, acc_t* __restrict__ stats) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (row >= rows) return;
+  acc_t* s = stats + row * kNumRowStats;
+  MaxSum<acc_t> total{s[kRowMax], s[kRowSumExp]};
+  acc_t weighted = s[kRowWeightedSum];
+  for (int64_t split = 0; split < splits; ++split) {
+    const acc_t* p = partials + (row * splits + split) * kPartialStats;
+    total = merge(total, MaxSum<acc_t>{p[0], p[1]});
+    weighted += p[2];
+  }
+  s[kRowMax] = total.max;
+  s[kRowSumExp] = total.sum;
+  s[kRowWeightedSum] = weighted;
+}
+
+template <typename scalar_t, typename acc_t, int kVec>
 __global__ void parallel_cross_entropy_backward_kernel(scalar_t* __restrict__ values, int64_t cols,
-                                                       int64_t col_begin,
+                                                       int64_t slice, int64_t col_begin,
                                                        const int64_t* __restrict__ target_local,
                                                        const acc_t* __restrict__ weight_local,
                                                        const acc_t* __restrict__ coefs) {
   const int64_t row = blockIdx.x;
+  const int64_t begin = static_cast<int64_t>(blockIdx.y) * slice;
+  const int64_t end = begin + slice < cols ? begin + slice : cols;
   scalar_t* v = values + row * cols;
   const acc_t* c = coefs + row * kNumGradCoefs;
   const acc_t lse = c[kCoefLse], grad_scale = c[kCoefGradScale];
+  const acc_t lse_remainder = c[kCoefLseRemainder];
   const acc_t target_scale = c[kCoefTargetScale], smooth = c[kCoefSmoothScale];
   const int64_t t = target_local[row] - col_begin;
   const bool ignored = grad_scale == acc_t(0) && smooth == acc_t(0);
-  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-    acc_t g = 0;
-    if (!ignored) {
-      g = grad_scale * exp(static_cast<acc_t>(v[j]) - lse) -
-          smooth * (weight_local != nullptr ? weight_local[col_begin + j] : acc_t(1));
-      if (j == t) g -= target_scale;
+  for (int64_t j = begin + static_cast<int64_t>(threadIdx.x) * kVec; j < end;
+       j += static_cast<int64_t>(blockDim.x) * kVec) {
+    auto* slot = reinterpret_cast<Pack<scalar_t, kVec>*>(v + j);
+    Pack<scalar_t, kVec> pack = *slot;
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      acc_t g = 0;
+      if (!ignored) {
+        g = grad_scale * exp((static_cast<acc_t>(pack.v[i]) - lse) - lse_remainder) -
+            smooth * (weight_local != nullptr ? weight_local[col_begin + j + i] : acc_t(1));
+        if (j + i == t) g -= target_scale;
+      }
+      pack.v[i] = static_cast<scalar_t>(g);
     }
-    v[j] = static_cast<scalar_t>(g);
+    *slot = pack;
   }
 }
 
 template <typename scalar_t>
 using acc_type_of = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+
+// How a [rows, cols] pass is cut: kVec-wide loads where every row start is
+// 16-byte aligned, and enough blocks per row to fill the GPU.
+struct RowSplit {
+  int vec = 1;
+  int64_t splits = 1;
+  int64_t slice = 0;
+};
+
+template <typename scalar_t>
+RowSplit split_rows(int64_t rows, int64_t cols, std::initializer_list<const void*> rows_at) {
+  constexpr int kWide = 16 / sizeof(scalar_t);
+  RowSplit split;
+  bool aligned = (cols * static_cast<int64_t>(sizeof(scalar_t))) % 16 == 0;
+  for (const void* p : rows_at) {
+    aligned = aligned && (p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0);
+  }
+  split.vec = aligned ? kWide : 1;
+  // About four blocks per SM in all, each with at least a few loads per thread.
+  const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int64_t wanted = (4 * sms + rows - 1) / std::max<int64_t>(rows, 1);
+  const int64_t per_block = static_cast<int64_t>(kThreads) * split.vec * 4;
+  const int64_t most = std::max<int64_t>(1, (cols + per_block - 1) / per_block);
+  split.splits = std::max<int64_t>(1, std::min<int64_t>({wanted, most, kMaxSplits}));
+  int64_t slice = (cols + split.splits - 1) / split.splits;
+  slice = (slice + split.vec - 1) / split.vec * split.vec;
+  split.slice = std::max<int64_t>(slice, split.vec);
+  split.splits = (cols + split.slice - 1) / split.slice;
+  return split;
+}
+
+// Calls launch(std::integral_constant<int, kVec>) with the split's load width.
+template <typename scalar_t, typename Launch>
+void with_vector_width(const RowSplit& split, const Launch& launch) {
+  if (split.vec == 1) {
+    launch(std::integral_constant<int, 1>());
+  } else {
+    launch(std::integral_constant<int, 16 / sizeof(scalar_t)>());
+  }
+}
 
 class CudaCrossEntropyKernels final : public CrossEntropyKernels {
  public:
@@ -131,16 +238,33 @@ class CudaCrossEntropyKernels final : public CrossEntropyKernels {
                             const at::Tensor& target_local, const at::Tensor& weight_local,
                             const at::Tensor& stats, const at::Tensor& copy_to) const override {
     const int64_t rows = logits.size(0), cols = logits.size(1);
-    if (rows == 0) return;
+    if (rows == 0 || cols == 0) return;
     auto stream = at::cuda::getCurrentCUDAStream();
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::kHalf, at::kBFloat16, logits.scalar_type(), "parallel_cross_entropy_forward_cuda", [&] {
           using acc_t = acc_type_of<scalar_t>;
-          parallel_cross_entropy_forward_kernel<scalar_t, acc_t><<<rows, kThreads, 0, stream>>>(
-              logits.const_data_ptr<scalar_t>(), cols, col_begin,
-              target_local.const_data_ptr<int64_t>(),
-              weight_local.defined() ? weight_local.const_data_ptr<acc_t>() : nullptr,
-              stats.data_ptr<acc_t>(), copy_to.defined() ? copy_to.data_ptr<scalar_t>() : nullptr);
+          const RowSplit split = split_rows<scalar_t>(
+              rows, cols,
+              {logits.const_data_ptr(), copy_to.defined() ? copy_to.const_data_ptr() : nullptr});
+          at::Tensor partials = at::empty({rows, split.splits, kPartialStats}, stats.options());
+          const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(split.splits));
+          const auto launch = [&](auto vec) {
+            constexpr int kVec = decltype(vec)::value;
+            parallel_cross_entropy_forward_kernel<scalar_t, acc_t, kVec>
+                <<<grid, kThreads, 0, stream>>>(
+                    logits.const_data_ptr<scalar_t>(), cols, split.slice, col_begin,
+                    target_local.const_data_ptr<int64_t>(),
+                    weight_local.defined() ? weight_local.const_data_ptr<acc_t>() : nullptr,
+                    stats.data_ptr<acc_t>(), partials.data_ptr<acc_t>(),
+                    copy_to.defined() ? copy_to.data_ptr<scalar_t>() : nullptr);
+          };
+          with_vector_width<scalar_t>(split, launch);
+          C10_CUDA_KERNEL_LAUNCH_CHECK();
+          const int merge_threads = 128;
+          merge_row_partials_kernel<acc_t>
+              <<<static_cast<unsigned>((rows + merge_threads - 1) / merge_threads), merge_threads,
+                 0, stream>>>(partials.const_data_ptr<acc_t>(), split.splits, rows,
+                              stats.data_ptr<acc_t>());
           C10_CUDA_KERNEL_LAUNCH_CHECK();
         });
   }
@@ -149,18 +273,49 @@ class CudaCrossEntropyKernels final : public CrossEntropyKernels {
                             const at::Tensor& target_local, const at::Tensor& weight_local,
                             const at::Tensor& coefs) const override {
     const int64_t rows = values.size(0), cols = values.size(1);
-    if (rows == 0) return;
+    if (rows == 0 || cols == 0) return;
     auto stream = at::cuda::getCurrentCUDAStream();
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::kHalf, at::kBFloat16, values.scalar_type(), "parallel_cross_entropy_backward_cuda",
         [&] {
           using acc_t = acc_type_of<scalar_t>;
-          parallel_cross_entropy_backward_kernel<scalar_t, acc_t><<<rows, kThreads, 0, stream>>>(
-              values.data_ptr<scalar_t>(), cols, col_begin, target_local.const_data_ptr<int64_t>(),
-              weight_local.defined() ? weight_local.const_data_ptr<acc_t>() : nullptr,
-              coefs.const_data_ptr<acc_t>());
+          const RowSplit split = split_rows<scalar_t>(rows, cols, {values.const_data_ptr()});
+          const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(split.splits));
+          const auto launch = [&](auto vec) {
+            constexpr int kVec = decltype(vec)::value;
+            parallel_cross_entropy_backward_kernel<scalar_t, acc_t, kVec>
+                <<<grid, kThreads, 0, stream>>>(
+                    values.data_ptr<scalar_t>(), cols, split.slice, col_begin,
+                    target_local.const_data_ptr<int64_t>(),
+                    weight_local.defined() ? weight_local.const_data_ptr<acc_t>() : nullptr,
+                    coefs.const_data_ptr<acc_t>());
+          };
+          with_vector_width<scalar_t>(split, launch);
           C10_CUDA_KERNEL_LAUNCH_CHECK();
         });
+  }
+
+  // cuBLASLt: float16/bfloat16 products accumulated and returned in float32.
+  at::Tensor chunk_logits(const at::Tensor& x, const at::Tensor& w_chunk,
+                          const at::Tensor& bias_chunk, at::ScalarType out) const override {
+    const int64_t rows = x.size(0), features = x.size(1), width = w_chunk.size(0);
+    at::Tensor logits = at::empty({rows, width}, x.options().dtype(out));
+    if (rows == 0 || width == 0) return logits;
+    const at::Tensor bias = bias_chunk.defined() ? bias_chunk.to(out).contiguous() : at::Tensor();
+    if (features == 0)
+      return bias.defined() ? logits.copy_(bias.expand({rows, width})) : logits.zero_();
+    // logits^T [width, rows] = w_chunk [width, f] x^T, column-major.
+    cuda::cublaslt_gemm(/*transpose_a=*/true, /*transpose_b=*/false, width, rows, features, w_chunk,
+                        features, x, features, logits, width, bias);
+    return logits;
+  }
+
+  void add_product(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b) const override {
+    const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+    if (m == 0 || n == 0 || k == 0) return;
+    // acc^T [n, m] += b^T [n, k] a^T [k, m], column-major.
+    cuda::cublaslt_gemm(false, false, n, m, k, b, n, a, k, acc, n, at::Tensor(),
+                        /*accumulate=*/true);
   }
 };
 

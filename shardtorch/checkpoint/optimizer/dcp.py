@@ -13,7 +13,7 @@ from ..layout import EntryLayout
 from ..sharded_tensor import as_sharded_tensor
 from .checks import checked_params, plan_on_one_rank
 from .entries import optimizer_entries, plan_from_meta
-from .plan import load_state
+from .plan import in_model_forms, load_state
 
 DCP_META_KEY = "optimizer/__meta__"
 
@@ -66,4 +66,4 @@ def load_dcp_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim
         for key, (kind, _) in plan["state"][index].items():
             if kind == "replicated":
                 out[key] = placeholders[plan["entry_keys"][index][key]]
-    return result
+    return in_model_forms(params, result)

@@ -3,12 +3,16 @@
 A ZeroRedundancyOptimizer's state is spread over its data-parallel group and
 is consolidated first; any other optimizer's is its ``state_dict()``, or the
 state dict the caller passes (e.g. torch.distributed.checkpoint.state_dict's
-get_optimizer_state_dict, keyed by FQN)."""
+get_optimizer_state_dict, keyed by FQN). Under fully_shard (FSDP2) the state
+tensors are DTensors like their parameters: each is gathered over its mesh
+into what the rank would hold without fully_shard (one tensor at a time,
+collective over that mesh, in index order on every rank)."""
 from typing import List, Optional
 
 import torch.distributed as dist
 
 from ...distributed import state
+from ..fully_sharded import whole_shard
 from .checks import agree, compare_descriptions, describe
 from .forms import StateDictFormError, flattened_hint, indexed, is_fqn_keyed
 from .params import OptimizerParams, is_zero
@@ -76,6 +80,9 @@ def local_and_agreed(optimizer, params: OptimizerParams, receivers: Optional[Lis
             local, problem = _given_state(params, given)
     else:
         local = _local_state(optimizer, receivers)
+    if local is not None:
+        local = {**local, "state": {index: {key: whole_shard(value) for key, value in values.items()}
+                                    for index, values in local["state"].items()}}
     description = None
     if local is not None:
         description, problem = describe(params, local)

@@ -8,6 +8,7 @@ from typing import Callable, Dict, Optional
 import torch
 
 from ...distributed import state
+from ..fully_sharded import dtensor_spec, in_model_form
 from ..layout import EntryLayout
 from ..verify import strip_ddp_prefix
 from .forms import StateDictFormError, flattened_hint, indexed
@@ -159,7 +160,10 @@ def load_state(params: OptimizerParams, plan: dict,
         out = {}
         for key, (kind, info) in keys.items():
             if kind == "value":
-                out[key] = info
+                # A copy: the optimizer steps its "step" tensor in place, and
+                # this one may be the caller's (a collected state in the same
+                # process, still the live state of the optimizer it came from).
+                out[key] = info.clone() if torch.is_tensor(info) else info
                 continue
             dtype, shape = info
             entry_key = entry_keys.get(index, {}).get(key, f"{params.names[index]}/{key}")
@@ -171,3 +175,17 @@ def load_state(params: OptimizerParams, plan: dict,
             out[key] = load_tensor(entry, index, key)
         result[index] = out
     return {"state": result, "param_groups": plan["param_groups"]}
+
+
+def in_model_forms(params: OptimizerParams, loaded: dict) -> dict:
+    """``loaded`` (load_state's result, filled) with each state tensor shaped
+    like a parameter that fully_shard made a DTensor cut into a DTensor like
+    it, as the optimizer's own state is under fully_shard (in place)."""
+    for index, values in loaded["state"].items():
+        spec = dtensor_spec(params.params[index])
+        if spec is None:
+            continue
+        for key, value in values.items():
+            if torch.is_tensor(value) and value.dim() > 0 and tuple(value.shape) == tuple(params.params[index].shape):
+                values[key] = in_model_form(value, spec)
+    return loaded

@@ -8,7 +8,7 @@ from ...distributed import state
 from ..relocate import _broadcast, _scatter_slices
 from .checks import checked_params, plan_on_one_rank
 from .forms import indexed
-from .plan import load_state, plan_from_full_state
+from .plan import in_model_forms, load_state, plan_from_full_state
 
 
 def relocate_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -51,6 +51,11 @@ def relocate_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim
     def receive(entry, index, key):
         full = full_state[plan["saved_index"][index]][key] if full_state is not None else None
         send = _scatter_slices if entry.sharded else _broadcast
-        return send(full, entry, entry.dtype, src)
+        tensor = send(full, entry, entry.dtype, src)
+        if full is not None and tensor.numel() and tensor.untyped_storage().data_ptr() == full.untyped_storage().data_ptr():
+            # src's own copy: the optimizer updates its state in place, and the
+            # given one may be the live state of another optimizer (collected in this process).
+            tensor = tensor.clone()
+        return tensor
 
-    return load_state(params, plan, receive)
+    return in_model_forms(params, load_state(params, plan, receive))

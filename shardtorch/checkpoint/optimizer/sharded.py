@@ -11,7 +11,7 @@ from ..layout import EntryLayout
 from ..sharded_read import read_box
 from .checks import checked_params, plan_on_one_rank
 from .entries import optimizer_entries, plan_from_meta
-from .plan import load_state
+from .plan import in_model_forms, load_state
 
 OPTIMIZER_META_KEY = "__optimizer__"
 
@@ -53,5 +53,5 @@ def load_sharded_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.o
     plan = plan_on_one_rank(0, make_plan, f"{what}: optimizer state",
                             lambda e: str(e).replace("load_sharded: ", "", 1))
     files: Dict[str, dict] = {}
-    return load_state(params, plan, lambda entry, index, key: read_box(entry, plan["entries"][entry.key],
-                                                                       plan["directory"], files))
+    return in_model_forms(params, load_state(params, plan, lambda entry, index, key: read_box(
+        entry, plan["entries"][entry.key], plan["directory"], files)))

@@ -9,10 +9,18 @@ Two layouts are exact (training equals unsharded training on the global batch):
 - "2d": every rank of a tensor-parallel group sees the same samples
   (``ts.utils.data.DistributedGroupSampler``); torch DDP over the
   data-parallel group.
+
+Either layout also runs on torch's FSDP2 instead of DDP: ``fully_shard(model,
+layout=...)`` shards parameters, gradients and optimizer state over the
+data-parallel dimension too (fully_sharded.py).
 """
 from .distributed import LAYOUTS, DistributedDataParallel
+from .fully_sharded import fully_shard
+from .plain_ddp import register_ddp_parameters_to_ignore
 from .sharded_gradients import ShardedGradientAverager
-from .sharded_parameters import is_sharded_parameter, named_sharded_parameters, sharded_parameter_names
+from .sharded_parameters import (is_sharded_parameter, named_sharded_parameters, sharded_parameter_names,
+                                 sharded_parameters)
 
-__all__ = ["DistributedDataParallel", "LAYOUTS", "ShardedGradientAverager", "is_sharded_parameter",
-           "named_sharded_parameters", "sharded_parameter_names"]
+__all__ = ["DistributedDataParallel", "LAYOUTS", "fully_shard", "register_ddp_parameters_to_ignore",
+           "ShardedGradientAverager", "is_sharded_parameter",
+           "named_sharded_parameters", "sharded_parameter_names", "sharded_parameters"]

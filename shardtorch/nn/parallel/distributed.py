@@ -8,8 +8,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 from ...distributed import state
+from ...utils.fully_sharded import fully_sharded_part
 from .sharded_gradients import ShardedGradientAverager
-from .sharded_parameters import is_sharded_parameter, sharded_parameter_names
+from .sharded_parameters import sharded_parameter_names, sharded_parameters
 
 HYBRID = "hybrid"
 TWO_D = "2d"
@@ -56,6 +57,10 @@ def DistributedDataParallel(module: nn.Module, layout: str = HYBRID, **ddp_kwarg
                          "'hybrid', the data-parallel group for '2d'); do not pass it, got "
                          f"{ddp_kwargs['process_group']!r}")
     state._require("nn.parallel.DistributedDataParallel")
+    sharded_by_fsdp = fully_sharded_part(module)
+    if sharded_by_fsdp:
+        raise TypeError(f"DistributedDataParallel: module is already data-parallel under fully_shard "
+                        f"({sharded_by_fsdp}): use one of DDP or fully_shard (ts.nn.parallel.fully_shard), not both")
     if layout == TWO_D:
         return _two_d(module, ddp_kwargs)
     return _hybrid(module, ddp_kwargs)
@@ -65,7 +70,7 @@ def _hybrid(module: nn.Module, ddp_kwargs: dict) -> TorchDDP:
     names = sharded_parameter_names(module)
     already_ignored = list(getattr(module, "_ddp_params_and_buffers_to_ignore", []))
     TorchDDP._set_params_and_buffers_to_ignore_for_model(module, sorted(set(already_ignored + names)))
-    sharded = [p for p in module.parameters() if is_sharded_parameter(p)]
+    sharded = sharded_parameters(module)
     data_parallel_group = state.get_data_parallel_group()
     _broadcast_from_first_rank(sharded, data_parallel_group)
     ddp = TorchDDP(module, **ddp_kwargs)
@@ -77,7 +82,15 @@ def _hybrid(module: nn.Module, ddp_kwargs: dict) -> TorchDDP:
 
 
 def _two_d(module: nn.Module, ddp_kwargs: dict) -> TorchDDP:
-    replicated = [p for p in module.parameters() if not is_sharded_parameter(p)]
+    # A DDP over the data-parallel group holds one copy of each shard and
+    # averages it exactly: the shards that register_ddp_parameters_to_ignore
+    # (or a converter) asked a world DDP to leave alone go back to it.
+    if hasattr(module, "_ddp_params_and_buffers_to_ignore"):
+        names = set(sharded_parameter_names(module))
+        TorchDDP._set_params_and_buffers_to_ignore_for_model(
+            module, [n for n in module._ddp_params_and_buffers_to_ignore if n not in names])
+    shards = {id(p) for p in sharded_parameters(module)}
+    replicated = [p for p in module.parameters() if id(p) not in shards]
     _broadcast_from_first_rank(replicated + list(module.buffers()), state.get_group(state.TENSOR_PARALLEL))
     ddp = TorchDDP(module, process_group=state.get_data_parallel_group(), **ddp_kwargs)
     ddp.sharded_gradient_averager = None

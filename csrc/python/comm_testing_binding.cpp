@@ -1,0 +1,195 @@
+#include "python/comm_testing_binding.h"
+
+#include <c10/util/Exception.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/launch_lock.h"
+#include "comm/nccl_teardown.h"
+#include "comm/registry.h"
+#include "comm/store_exchange.h"
+
+namespace py = pybind11;
+
+namespace shardtorch {
+namespace python {
+namespace {
+
+double seconds_now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// A communicator that moves nothing; its backend name says which device it was
+// made for and in which order.
+class FakeCommunicator final : public comm::Communicator {
+ public:
+  FakeCommunicator(const comm::GroupInfo& group, std::string backend)
+      : name_(group.layout.name),
+        rank_(group.layout.rank),
+        size_(group.layout.size),
+        backend_(std::move(backend)) {}
+  int64_t rank() const override { return rank_; }
+  int64_t size() const override { return size_; }
+  const std::string& group_name() const override { return name_; }
+  std::string backend_name() const override { return backend_; }
+  std::shared_ptr<comm::CommHandle> all_reduce_async(at::Tensor&) override { return done(); }
+  std::shared_ptr<comm::CommHandle> all_gather_async(const at::Tensor&, at::Tensor&) override {
+    return done();
+  }
+  std::shared_ptr<comm::CommHandle> reduce_scatter_async(const at::Tensor&, at::Tensor&) override {
+    return done();
+  }
+  std::shared_ptr<comm::CommHandle> broadcast_async(at::Tensor&, int64_t) override {
+    return done();
+  }
+  std::shared_ptr<comm::CommHandle> send_async(const at::Tensor&, int64_t) override {
+    return done();
+  }
+  std::shared_ptr<comm::CommHandle> recv_async(at::Tensor&, int64_t) override { return done(); }
+
+ private:
+  static std::shared_ptr<comm::CommHandle> done() {
+    return std::make_shared<comm::CompletedHandle>();
+  }
+  std::string name_;
+  int64_t rank_, size_;
+  std::string backend_;
+};
+
+// Replaces the CUDA communicator factory while alive: each creation sleeps
+// `delay` seconds (a real one is a collective) and is recorded.
+class FakeCudaCommunicators {
+ public:
+  explicit FakeCudaCommunicators(double delay) : state_(std::make_shared<State>()) {
+    state_->delay = delay;
+    auto state = state_;
+    previous_ = comm::register_communicator_factory(
+        c10::DeviceType::CUDA, [state](const comm::GroupInfo& group, const c10::Device& device) {
+          std::this_thread::sleep_for(std::chrono::duration<double>(state->delay));
+          std::lock_guard<std::mutex> lock(state->mutex);
+          const std::string made = group.layout.name + "@" + device.str();
+          state->created.push_back(made);
+          return std::static_pointer_cast<comm::Communicator>(std::make_shared<FakeCommunicator>(
+              group, "fake " + made + " #" + std::to_string(state->created.size() - 1)));
+        });
+    active_ = true;
+  }
+  ~FakeCudaCommunicators() { close(); }
+  void close() {
+    if (!active_) return;
+    comm::register_communicator_factory(c10::DeviceType::CUDA, previous_);
+    active_ = false;
+  }
+  std::vector<std::string> created() const {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    return state_->created;
+  }
+
+ private:
+  struct State {
+    double delay = 0;
+    mutable std::mutex mutex;
+    std::vector<std::string> created;
+  };
+  std::shared_ptr<State> state_;
+  comm::CommunicatorFactory previous_;
+  bool active_ = false;
+};
+
+}  // namespace
+
+void bind_comm_testing(py::module& m) {
+  m.def(
+      "_hold_launch_lock",
+      [](const std::string& device, double seconds) {
+        py::gil_scoped_release release;
+        std::lock_guard<std::timed_mutex> lock(comm::device_launch_mutex(c10::Device(device)));
+        const double start = seconds_now();
+        std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+        return std::make_pair(start, seconds_now());
+      },
+      py::arg("device"), py::arg("seconds"),
+      "Holds the NCCL launch lock of `device` for `seconds`; returns (start, end) on "
+      "time.monotonic's clock.");
+
+  m.def("_nccl_teardown", [](bool aborted) {
+    return comm::nccl_teardown(aborted) == comm::NcclTeardown::kRelease ? "release"
+                                                                        : "drain_then_destroy";
+  });
+
+  m.def("_next_exchange_key", &comm::next_exchange_key, py::arg("scope"));
+
+  m.def(
+      "_share_through_store_threads",
+      [](int64_t world, const std::string& payload, int64_t root) {
+        std::vector<std::string> received(world);
+        {
+          py::gil_scoped_release release;
+          auto store = c10::make_intrusive<c10d::HashStore>();
+          const std::string key = comm::next_exchange_key("test/share_through_store");
+          std::vector<std::thread> ranks;
+          // Non-root ranks start first: they must wait for the root's write.
+          for (int64_t r = world - 1; r >= 0; --r) {
+            ranks.emplace_back([&, r] {
+              received[r] =
+                  comm::share_through_store(*store, key, r, root, r == root ? payload : "");
+            });
+          }
+          for (auto& t : ranks) t.join();
+        }
+        py::list out;
+        for (const auto& bytes : received) out.append(py::bytes(bytes));
+        return out;
+      },
+      py::arg("world"), py::arg("payload"), py::arg("root") = 0,
+      "Runs share_through_store on `world` threads (one per rank) over one HashStore.");
+
+  m.def(
+      "_register_group_without_cpu_backend",
+      [](const std::string& name) {
+        // What torch.distributed hands out for backend="nccl" on a machine
+        // without GPUs, as far as shardtorch can tell: a store, no CPU backend.
+        auto group = c10::make_intrusive<c10d::ProcessGroup>(c10::make_intrusive<c10d::HashStore>(),
+                                                             /*rank=*/0, /*size=*/1);
+        comm::register_group(name, group, {0});
+      },
+      py::arg("name"));
+
+  m.def(
+      "_share_through_group_store",
+      [](const std::string& name, const std::string& payload) {
+        auto shared = comm::share_through_group_store(comm::group_info(name, "test"),
+                                                      "test/group_store/" + name, payload);
+        return shared.has_value() ? py::object(py::bytes(*shared)) : py::object(py::none());
+      },
+      py::arg("name"), py::arg("payload"));
+
+  m.def(
+      "_communicator_backend",
+      [](const std::string& group, const std::string& device) {
+        py::gil_scoped_release release;
+        return comm::communicator_for(group, c10::Device(device), "test")->backend_name();
+      },
+      py::arg("group"), py::arg("device"),
+      "The backend name of the group's communicator for `device` (created if needed).");
+
+  py::class_<FakeCudaCommunicators>(m, "_FakeCudaCommunicators")
+      .def(py::init<double>(), py::arg("delay") = 0.0)
+      .def_property_readonly("created", &FakeCudaCommunicators::created)
+      .def("close", &FakeCudaCommunicators::close)
+      .def(
+          "__enter__", [](FakeCudaCommunicators& self) -> FakeCudaCommunicators& { return self; },
+          py::return_value_policy::reference)
+      .def("__exit__", [](FakeCudaCommunicators& self, py::args) { self.close(); });
+}
+
+}  // namespace python
+}  // namespace shardtorch
