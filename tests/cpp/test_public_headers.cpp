@@ -18,6 +18,7 @@
 #include <shardtorch/ops/parallel_embedding.h>
 #include <shardtorch/ops/parallel_linear.h>
 #include <shardtorch/ops/parallel_linear_cross_entropy.h>
+#include <shardtorch/ops/parallel_linear_margin_cross_entropy.h>
 #include <shardtorch/topology/topology.h>
 #include <shardtorch/build_info.h>
 

@@ -9,20 +9,12 @@ import math
 import torch
 
 import shardtorch as ts
+from tests.distributed.cases_cross_entropy import _class_counts, _size
 from tests.reference import (assert_close, expect_error, margin_cross_entropy_reference, shard_of,
                              shard_range)
 
 F_TS = ts.nn.functional
 PRESETS = ts.nn.MARGIN_PRESETS
-
-
-def _size():
-    return ts.distributed.get_group_size()
-
-
-def _class_counts():
-    size = _size()
-    return {"even": 3 * size, "uneven": 3 * size + size - 1}
 
 
 def _problem(rows, classes, features, seed, ignore="none"):
@@ -239,7 +231,11 @@ def case_sampling_is_reproducible_under_a_seed():
     draws = []
     for seed in (5, 5, 6):
         loss_fn, _ = _sampled_loss(classes, 6, 0.25, seed=seed)
-        draws.append([loss_fn(x, y) and loss_fn.last_sampled_classes.clone() for _ in range(3)])
+        kept = []
+        for _ in range(3):
+            loss_fn(x, y)
+            kept.append(loss_fn.last_sampled_classes.clone())
+        draws.append(kept)
     for a, b in zip(draws[0], draws[1]):
         assert torch.equal(a, b), "the same seed must draw the same classes"
     assert any(not torch.equal(a, b) for a, b in zip(draws[0], draws[2])), "another seed, the same draws"

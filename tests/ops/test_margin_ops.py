@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import shardtorch as ts
+from tests.ops.test_cross_entropy_ops import _peak_bytes_of
 from tests.reference import margin_cross_entropy_reference
 
 OPS = torch.ops.shard
@@ -120,14 +121,6 @@ def test_torch_compile_matches_eager():
         torch.testing.assert_close(eager_grad, compiled_grad, rtol=1e-12, atol=1e-12)
 
 
-def _peak_bytes_of(fn):
-    from shardtorch.utils.memory import PeakMemory
-
-    with PeakMemory("cpu") as peak:
-        fn()
-    return peak.peak_bytes
-
-
 def test_peak_memory_does_not_grow_with_classes():
     """Forward and backward of the margin loss at 2,048 and 16,384 classes:
     beyond the weight gradient it must return, what the loss holds does not
@@ -157,3 +150,16 @@ def test_peak_memory_does_not_grow_with_classes():
     assert control[16384] - control[2048] >= rows * (16384 - 2048) * 4, (fused, control)
     assert fused[2048] > 0, fused
     assert fused[16384] <= fused[2048] + 64 * 1024, (fused, control)
+
+
+def test_autocast_runs_the_margin_loss_in_float32():
+    x, w, target = _inputs(rows=8, classes=11, features=6, seed=4, dtype=torch.float32)
+    reference = ts.nn.functional.parallel_margin_cross_entropy(x, w, target, 16.0, ARCFACE)
+    x_low = x.bfloat16().requires_grad_()
+    w_leaf = w.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = ts.nn.functional.parallel_margin_cross_entropy(x_low, w_leaf, target, 16.0, ARCFACE)
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss, reference, rtol=2e-2, atol=2e-2)
+    loss.backward()
+    assert x_low.grad.dtype == torch.bfloat16 and w_leaf.grad.dtype == torch.float32

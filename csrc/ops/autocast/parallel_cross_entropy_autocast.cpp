@@ -14,18 +14,11 @@
 #include <shardtorch/ops/parallel_cross_entropy.h>
 #include <shardtorch/ops/parallel_linear_cross_entropy.h>
 
+#include "ops/autocast/float32_casts.h"
+
 namespace shardtorch {
 namespace ops {
 namespace {
-
-at::Tensor to_float32(const at::Tensor& t) {
-  return (t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16) ? t.to(at::kFloat) : t;
-}
-
-std::optional<at::Tensor> to_float32(const std::optional<at::Tensor>& t) {
-  if (!t.has_value() || !t->defined()) return t;
-  return to_float32(*t);
-}
 
 template <c10::DispatchKey AutocastKey>
 at::Tensor cross_entropy_autocast(const at::Tensor& logits, const at::Tensor& target,

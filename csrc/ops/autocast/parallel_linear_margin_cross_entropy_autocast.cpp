@@ -1,0 +1,42 @@
+// Under torch.autocast the margin loss runs in float32, as the other losses
+// do (parallel_cross_entropy_autocast.cpp): a reduced-precision embedding or
+// weight is cast up, the loss comes back float32, and the gradients flow back
+// through the casts in the callers' dtypes.
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <torch/library.h>
+
+#include <shardtorch/ops/parallel_linear_margin_cross_entropy.h>
+
+#include "ops/autocast/float32_casts.h"
+
+namespace shardtorch {
+namespace ops {
+namespace {
+
+template <c10::DispatchKey AutocastKey>
+at::Tensor margin_cross_entropy_autocast(
+    const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target, double scale,
+    double m1, double m2, double m3, bool easy_margin, int64_t ignore_index, double label_smoothing,
+    int64_t reduction, const std::optional<at::Tensor>& sampled_classes, int64_t chunk_size,
+    const std::string& group, std::optional<int64_t> num_classes) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(AutocastKey);
+  return parallel_linear_margin_cross_entropy(
+      to_float32(input), to_float32(weight), target, scale, m1, m2, m3, easy_margin, ignore_index,
+      label_smoothing, reduction, sampled_classes, chunk_size, group, num_classes);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(shard, AutocastCPU, m) {
+  m.impl("parallel_linear_margin_cross_entropy",
+         TORCH_FN(margin_cross_entropy_autocast<c10::DispatchKey::AutocastCPU>));
+}
+
+TORCH_LIBRARY_IMPL(shard, AutocastCUDA, m) {
+  m.impl("parallel_linear_margin_cross_entropy",
+         TORCH_FN(margin_cross_entropy_autocast<c10::DispatchKey::AutocastCUDA>));
+}
+
+}  // namespace ops
+}  // namespace shardtorch
