@@ -420,7 +420,8 @@ def case_tensor_marks_are_recorded_before_fully_shard():
             torch.manual_seed(5)
             full = torch.randn(9, 4, dtype=torch.float64)
             self.weight = nn.Parameter(full[rows[0]:rows[1]].clone())
-            ts.utils.register_parallel_dim(self.weight, 1)  # TorchShard's mark: column-parallel, rows split
+            # TorchShard's meaning: layer dim 1 (column-parallel), the [out, in] weight split on its rows.
+            ts.utils.register_parallel_dim(self.weight, 1)
             self.full = full
 
     layer = Marked()
