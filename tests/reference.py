@@ -120,3 +120,17 @@ def margin_cross_entropy_reference(x, full_weight, target, scale, margins, easy_
     moved = logits.movedim(-1, 1) if logits.dim() > 2 else logits
     return F.cross_entropy(moved, target, ignore_index=ignore_index, reduction=reduction,
                            label_smoothing=label_smoothing)
+
+
+def assert_compiled_matches_eager(step, inputs, tol=1e-12):
+    """``step(*inputs)`` (a scalar) and the gradients of every input, eager and
+    under torch.compile(fullgraph=True), agree within ``tol``."""
+    results = []
+    for fn in (step, torch.compile(step, fullgraph=True, backend="aot_eager")):
+        args = [t.clone().requires_grad_() for t in inputs]
+        out = fn(*args)
+        out.backward()
+        results.append((out.detach(), [a.grad for a in args]))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=tol, atol=tol)
+    for eager_grad, compiled_grad in zip(results[0][1], results[1][1]):
+        torch.testing.assert_close(eager_grad, compiled_grad, rtol=tol, atol=tol)

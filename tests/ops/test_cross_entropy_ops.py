@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 
 import shardtorch as ts
-from tests.reference import cross_entropy_reference
+from tests.reference import assert_compiled_matches_eager, cross_entropy_reference
 
 OPS = torch.ops.shard
 REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
@@ -175,15 +175,7 @@ def test_torch_compile_matches_eager():
 
     inp0 = torch.randn(6, 4, dtype=torch.float64)
     w0, b0 = torch.randn(9, 4, dtype=torch.float64), torch.randn(9, dtype=torch.float64)
-    results = []
-    for fn in (step, torch.compile(step, fullgraph=True, backend="aot_eager")):
-        args = [t.clone().requires_grad_() for t in (logits, inp0, w0, b0)]
-        out = fn(*args)
-        out.backward()
-        results.append((out.detach(), [a.grad for a in args]))
-    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-12, atol=1e-12)
-    for eager_grad, compiled_grad in zip(results[0][1], results[1][1]):
-        torch.testing.assert_close(eager_grad, compiled_grad, rtol=1e-12, atol=1e-12)
+    assert_compiled_matches_eager(step, (logits, inp0, w0, b0))
 
 
 def test_autocast_bfloat16_matches_float32_and_gradscaler():

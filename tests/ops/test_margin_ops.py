@@ -7,7 +7,7 @@ import torch
 
 import shardtorch as ts
 from tests.ops.test_cross_entropy_ops import _peak_bytes_of
-from tests.reference import margin_cross_entropy_reference
+from tests.reference import assert_compiled_matches_eager, margin_cross_entropy_reference
 
 OPS = torch.ops.shard
 ARCFACE = ts.nn.MARGIN_PRESETS["arcface"]
@@ -110,15 +110,7 @@ def test_torch_compile_matches_eager():
                                                        None, 4, "tp")
         return arc + cos
 
-    results = []
-    for fn in (step, torch.compile(step, fullgraph=True, backend="aot_eager")):
-        args = [t.clone().requires_grad_() for t in (x0, w0)]
-        out = fn(*args)
-        out.backward()
-        results.append((out.detach(), [a.grad for a in args]))
-    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-12, atol=1e-12)
-    for eager_grad, compiled_grad in zip(results[0][1], results[1][1]):
-        torch.testing.assert_close(eager_grad, compiled_grad, rtol=1e-12, atol=1e-12)
+    assert_compiled_matches_eager(step, (x0, w0))
 
 
 def test_peak_memory_does_not_grow_with_classes():
