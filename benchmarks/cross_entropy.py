@@ -2,7 +2,11 @@
 
   shardtorch CE          torch.ops.shard.parallel_cross_entropy on a logits shard
   shardtorch linear+CE   ParallelLinear(dim=1) then the parallel loss
-  shardtorch fused       parallel_linear_cross_entropy (logits never materialised)
+  shardtorch fused       parallel_linear_cross_entropy (logits never materialised;
+                         gradients computed in forward, backward scales them)
+  shardtorch fused, logits recomputed
+                         its internal forward and backward ops: the logits
+                         recomputed in backward (the fused loss before)
   torch loss_parallel    F.cross_entropy on a DTensor sharded on classes, under
                          torch.distributed.tensor.parallel.loss_parallel()
   unsharded              F.cross_entropy on the whole logits (every rank)
@@ -78,6 +82,16 @@ def _methods(batch, classes, hidden, device):
                                                       0.0, 0.0, 1, 4096, "tp", classes).backward()
         reset(x_leaf, w_leaf)
 
+    def st_fused_recomputed():
+        # The fused loss as it was before it computed its gradients in
+        # forward: its internal forward, then a backward recomputing the logits.
+        xd, wd = x_leaf.detach(), w_leaf.detach()
+        _, stats = torch.ops.shard._parallel_linear_cross_entropy_forward(
+            xd, wd, None, target, None, -100, 0.0, 0.0, 1, 4096, "tp", classes)
+        torch.ops.shard._parallel_linear_cross_entropy_backward(
+            torch.ones((), device=device), xd, wd, None, stats, target, None, -100, 0.0, 0.0, 1,
+            4096, "tp", [True, True, False])
+
     def dtensor_loss_parallel():
         dt = DTensor.from_local(shard_leaf, mesh, [Shard(1)], run_check=False,
                                 shape=torch.Size([batch, classes]), stride=(classes, 1))
@@ -92,6 +106,7 @@ def _methods(batch, classes, hidden, device):
     del offset
     methods = {"shardtorch CE": st_ce, "shardtorch linear+CE": st_linear_ce,
                "shardtorch fused linear+CE": st_fused,
+               "shardtorch fused, logits recomputed": st_fused_recomputed,
                "torch loss_parallel (DTensor)": dtensor_loss_parallel}
     if full is not None:
         methods["unsharded F.cross_entropy"] = unsharded

@@ -64,6 +64,17 @@ class ParallelCrossEntropyFunction : public Function<ParallelCrossEntropyFunctio
   }
 };
 
+// Whether the fused loss computes its gradients in forward (see
+// parallel_linear_cross_entropy.h): a scalar loss whose upstream gradient is
+// one number, a float32/float64 classifier (a reduced-precision gradient
+// scaled after its GEMM would be rounded twice), and a gradient to compute.
+bool gradients_in_forward(const at::Tensor& weight, int64_t reduction,
+                          const std::array<bool, 3>& mask) {
+  const auto type = weight.scalar_type();
+  return reduction != 0 && (type == at::kFloat || type == at::kDouble) &&
+         (mask[0] || mask[1] || mask[2]);
+}
+
 class ParallelLinearCrossEntropyFunction : public Function<ParallelLinearCrossEntropyFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
@@ -71,8 +82,24 @@ class ParallelLinearCrossEntropyFunction : public Function<ParallelLinearCrossEn
                             const std::optional<at::Tensor>& class_weight, int64_t ignore_index,
                             double label_smoothing, double z_loss, int64_t reduction,
                             int64_t chunk_size, const std::string& group,
-                            std::optional<int64_t> num_classes) {
+                            std::optional<int64_t> num_classes, bool grad_mode) {
     at::AutoDispatchBelowADInplaceOrView guard;
+    // Which gradients autograd will ask for: what needs_input_grad says in
+    // backward (during forward it has no edges to ask when none is needed).
+    const std::array<bool, 3> mask{
+        grad_mode && input.requires_grad(), grad_mode && weight.requires_grad(),
+        grad_mode && bias.has_value() && bias->defined() && bias->requires_grad()};
+    ctx->saved_data["reduction"] = reduction;
+    if (gradients_in_forward(weight, reduction, mask)) {
+      auto [loss, row_stats, grad_input, grad_weight, grad_bias] =
+          ops::parallel_linear_cross_entropy_forward_with_gradients(
+              input, weight, bias, target, class_weight, ignore_index, label_smoothing, z_loss,
+              reduction, chunk_size, group, num_classes, mask);
+      ctx->save_for_backward({grad_input, grad_weight, grad_bias, row_stats});
+      ctx->saved_data["gradients_in_forward"] = true;
+      return loss;
+    }
+    ctx->saved_data["gradients_in_forward"] = false;
     auto [loss, row_stats] = ops::parallel_linear_cross_entropy_forward(
         input, weight, bias, target, class_weight, ignore_index, label_smoothing, z_loss, reduction,
         chunk_size, group, num_classes);
@@ -85,8 +112,19 @@ class ParallelLinearCrossEntropyFunction : public Function<ParallelLinearCrossEn
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    variable_list result(12);
+    variable_list result(13);
     auto saved = ctx->get_saved_variables();
+    if (ctx->saved_data["gradients_in_forward"].toBool()) {
+      if (!grads[0].defined()) return result;
+      const at::Tensor scale = ops::parallel_linear_cross_entropy_gradient_scale(
+          grads[0], saved[3], ctx->saved_data["reduction"].toInt());
+      // Scaled in place unless the graph is kept for another backward.
+      const bool keep = torch::autograd::get_current_graph_task_keep_graph();
+      for (int i = 0; i < 3; ++i) {
+        if (saved[i].defined()) result[i] = keep ? saved[i].mul(scale) : saved[i].mul_(scale);
+      }
+      return result;
+    }
     const at::Tensor& bias = saved[2];
     const at::Tensor& class_weight = saved[5];
     std::array<bool, 3> mask{ctx->needs_input_grad(0), ctx->needs_input_grad(1),
@@ -121,9 +159,11 @@ at::Tensor parallel_linear_cross_entropy_autograd(
     const at::Tensor& target, const std::optional<at::Tensor>& class_weight, int64_t ignore_index,
     double label_smoothing, double z_loss, int64_t reduction, int64_t chunk_size,
     const std::string& group, std::optional<int64_t> num_classes) {
+  // Grad mode as the caller has it (forward runs with it off).
   return ParallelLinearCrossEntropyFunction::apply(input, weight, bias, target, class_weight,
                                                    ignore_index, label_smoothing, z_loss, reduction,
-                                                   chunk_size, group, num_classes);
+                                                   chunk_size, group, num_classes,
+                                                   at::GradMode::is_enabled());
 }
 
 }  // namespace

@@ -93,6 +93,21 @@ struct CrossEntropyKernelAdapter {
         output_mask, kernels());
   }
 
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+  fused_forward_with_gradients(const at::Tensor& input, const at::Tensor& weight,
+                               const std::optional<at::Tensor>& bias, const at::Tensor& target,
+                               const std::optional<at::Tensor>& class_weight, int64_t ignore_index,
+                               double label_smoothing, double z_loss, int64_t reduction,
+                               int64_t chunk_size, const std::string& group,
+                               std::optional<int64_t> num_classes,
+                               std::array<bool, 3> output_mask) {
+    const at::OptionalDeviceGuard device_guard(at::device_of(input));
+    return parallel_linear_cross_entropy_forward_with_gradients_impl(
+        input, weight, bias, target, class_weight,
+        options_of(ignore_index, label_smoothing, z_loss, reduction), chunk_size, group,
+        num_classes, output_mask, kernels());
+  }
+
   // Registers every cross-entropy op's kernel for the library's dispatch key.
   static void register_kernels(torch::Library& m) {
     m.impl("parallel_cross_entropy", TORCH_FN(loss));
@@ -101,6 +116,8 @@ struct CrossEntropyKernelAdapter {
     m.impl("parallel_linear_cross_entropy", TORCH_FN(fused_loss));
     m.impl("_parallel_linear_cross_entropy_forward", TORCH_FN(fused_forward));
     m.impl("_parallel_linear_cross_entropy_backward", TORCH_FN(fused_backward));
+    m.impl("_parallel_linear_cross_entropy_forward_with_gradients",
+           TORCH_FN(fused_forward_with_gradients));
     MarginCrossEntropyKernelAdapter<Kernels>::register_kernels(m);
   }
 };

@@ -26,6 +26,12 @@ TORCH_LIBRARY_FRAGMENT(shard, m) {
       "float label_smoothing, float z_loss, int reduction, int chunk_size, str group, "
       "bool[3] output_mask) -> (Tensor, Tensor, Tensor)",
       tags);
+  m.def(
+      "_parallel_linear_cross_entropy_forward_with_gradients(Tensor input, Tensor weight, "
+      "Tensor? bias, Tensor target, Tensor? class_weight, int ignore_index, "
+      "float label_smoothing, float z_loss, int reduction, int chunk_size, str group, "
+      "int? num_classes, bool[3] output_mask) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+      tags);
 }
 
 using OptTensor = std::optional<at::Tensor>;
@@ -59,6 +65,23 @@ std::tuple<at::Tensor, at::Tensor> parallel_linear_cross_entropy_forward(
                            int64_t, const std::string&, std::optional<int64_t>)>();
   return op.call(input, weight, bias, target, class_weight, ignore_index, label_smoothing, z_loss,
                  reduction, chunk_size, group, num_classes);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+parallel_linear_cross_entropy_forward_with_gradients(
+    const at::Tensor& input, const at::Tensor& weight, const OptTensor& bias,
+    const at::Tensor& target, const OptTensor& class_weight, int64_t ignore_index,
+    double label_smoothing, double z_loss, int64_t reduction, int64_t chunk_size,
+    const std::string& group, std::optional<int64_t> num_classes, std::array<bool, 3> output_mask) {
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("shard::_parallel_linear_cross_entropy_forward_with_gradients", "")
+          .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+              const at::Tensor&, const at::Tensor&, const OptTensor&, const at::Tensor&,
+              const OptTensor&, int64_t, double, double, int64_t, int64_t, const std::string&,
+              std::optional<int64_t>, std::array<bool, 3>)>();
+  return op.call(input, weight, bias, target, class_weight, ignore_index, label_smoothing, z_loss,
+                 reduction, chunk_size, group, num_classes, output_mask);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> parallel_linear_cross_entropy_backward(

@@ -10,12 +10,25 @@
 //
 //   input [*, in_features] (whole on every rank), weight [local_classes,
 //   in_features], bias [local_classes]; the other arguments as in
-//   parallel_cross_entropy. Logits are computed chunk_size classes at a time
-//   (default 4096) and recomputed in backward, so the extra memory is
-//   O(rows x chunk_size) whatever the number of classes.
+//   parallel_cross_entropy. The logits never exist whole: the extra memory is
+//   O(max(rows x chunk_size, kGradientBlockMinElements)) whatever the number
+//   of classes (chunk_size default 4096).
 //
-// Communication: forward as parallel_cross_entropy (one all-gather of per-row
-// statistics); backward, one all-reduce of the input gradient.
+// Two ways to the gradients, chosen by autograd:
+// - Gradients in forward (a float32/float64 classifier, reduction mean or
+//   sum, and autograd needs a gradient): the forward computes the input,
+//   weight and bias gradients too, and backward only scales them by the
+//   upstream gradient (and the mean's divisor). Where a block of rows holding
+//   all of the largest shard's classes fits the memory bound
+//   (parallel_linear_cross_entropy_gradient_block_rows > 0), each row's
+//   logits are computed once: three GEMMs, against four when they are
+//   recomputed; one all-gather of statistics per block of rows and one
+//   all-reduce of the input gradient. Otherwise the forward computes the
+//   logits twice, chunk_size classes at a time, as the separate backward
+//   does. The gradients live from forward to backward.
+// - Otherwise: forward as parallel_cross_entropy (one all-gather of per-row
+//   statistics); backward recomputes the logits chunk by chunk, one
+//   all-reduce of the input gradient.
 //
 // Internals:
 //   _parallel_linear_cross_entropy_forward(...) -> (loss, row_stats)
@@ -23,6 +36,12 @@
 //     row_stats, target, class_weight, ignore_index, label_smoothing, z_loss,
 //     reduction, chunk_size, group, bool[3] output_mask)
 //     -> (grad_input, grad_weight, grad_bias)
+//   _parallel_linear_cross_entropy_forward_with_gradients(input, weight, bias,
+//     target, class_weight, ignore_index, label_smoothing, z_loss, reduction,
+//     chunk_size, group, num_classes, bool[3] output_mask)
+//     -> (loss, row_stats, grad_input, grad_weight, grad_bias), the gradients
+//     of the summed loss (reduction sum's, upstream gradient 1); reduction
+//     must be mean or sum.
 
 #include <ATen/core/Tensor.h>
 
@@ -35,6 +54,19 @@ namespace shardtorch {
 namespace ops {
 
 constexpr int64_t kDefaultCrossEntropyChunk = 4096;
+// The gradients-in-forward path's bound on a block of logits: rows x
+// chunk_size elements, or this many (16 MiB of float32) where that is more,
+// so that small batches are not cut into blocks too thin for a fast GEMM...
+constexpr int64_t kGradientBlockMinElements = int64_t{1} << 22;
+// ...and no block has fewer rows than this (unless the batch has): beyond
+// that the logits are recomputed instead.
+constexpr int64_t kGradientBlockMinRows = 32;
+
+// Rows per block of the gradients-in-forward path for a batch of `rows` and
+// a largest shard of `max_local_classes`, or 0 where blocks would be thinner
+// than kGradientBlockMinRows (the logits are then recomputed).
+int64_t parallel_linear_cross_entropy_gradient_block_rows(int64_t rows, int64_t max_local_classes,
+                                                          int64_t chunk_size);
 
 at::Tensor parallel_linear_cross_entropy(
     const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
@@ -47,6 +79,21 @@ std::tuple<at::Tensor, at::Tensor> parallel_linear_cross_entropy_forward(
     const at::Tensor& target, const std::optional<at::Tensor>& class_weight, int64_t ignore_index,
     double label_smoothing, double z_loss, int64_t reduction, int64_t chunk_size,
     const std::string& group, std::optional<int64_t> num_classes);
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+parallel_linear_cross_entropy_forward_with_gradients(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    const at::Tensor& target, const std::optional<at::Tensor>& class_weight, int64_t ignore_index,
+    double label_smoothing, double z_loss, int64_t reduction, int64_t chunk_size,
+    const std::string& group, std::optional<int64_t> num_classes, std::array<bool, 3> output_mask);
+
+// What the gradients of _parallel_linear_cross_entropy_forward_with_gradients
+// are multiplied by in backward: the upstream gradient, divided by the mean's
+// divisor for reduction mean (0 where every target is ignored, whose
+// gradients are 0, as torch's). A 0-d float64 tensor on row_stats' device.
+at::Tensor parallel_linear_cross_entropy_gradient_scale(const at::Tensor& grad_loss,
+                                                        const at::Tensor& row_stats,
+                                                        int64_t reduction);
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> parallel_linear_cross_entropy_backward(
     const at::Tensor& grad_loss, const at::Tensor& input, const at::Tensor& weight,

@@ -31,5 +31,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> parallel_linear_cross_entropy_bac
     int64_t chunk_size, const std::string& group, std::array<bool, 3> output_mask,
     const CrossEntropyKernels& kernels);
 
+// -> (loss, row_stats, grad_input, grad_weight, grad_bias): the gradients of
+// the loss with reduction sum semantics and an upstream gradient of 1 (see
+// parallel_linear_cross_entropy.h), each where output_mask asks.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+parallel_linear_cross_entropy_forward_with_gradients_impl(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    const at::Tensor& target, const std::optional<at::Tensor>& class_weight,
+    const CrossEntropyOptions& options, int64_t chunk_size, const std::string& group,
+    std::optional<int64_t> num_classes, std::array<bool, 3> output_mask,
+    const CrossEntropyKernels& kernels);
+
 }  // namespace ops
 }  // namespace shardtorch

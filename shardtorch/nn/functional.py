@@ -163,9 +163,13 @@ def parallel_linear_cross_entropy(input: torch.Tensor, weight: torch.Tensor,
                                   num_classes: Optional[int] = None) -> torch.Tensor:
     """parallel_cross_entropy(input @ weight.T + bias, target, ...) for a
     column-parallel classifier (``weight`` [local_classes, in_features]), without
-    materialising the logits: ``chunk_size`` classes at a time (default 4096),
-    recomputed in backward, so the extra memory is O(rows x chunk_size) for any
-    number of classes. Backward adds one all-reduce of the input gradient."""
+    materialising the logits: the extra memory is at most max(rows x chunk_size,
+    2**22) elements for any number of classes (``chunk_size`` default 4096). When
+    autograd needs a gradient of a mean or sum loss of a float32/float64
+    classifier, the gradients are computed in forward (three matrix products per
+    row where a block of rows fits, else the logits twice) and backward only
+    scales them; otherwise backward recomputes the logits chunk by chunk. See
+    docs/parallel_cross_entropy.md."""
     code = _reduction_code(reduction, "parallel_linear_cross_entropy")
     return torch.ops.shard.parallel_linear_cross_entropy(
         input, weight, bias, target, class_weight, ignore_index, float(label_smoothing),

@@ -224,3 +224,36 @@ def case_trains_like_unsharded():
         opt.step()
     assert_close(model[0].weight, ref[0].weight, torch.float64, "first layer after training")
     assert_close(model[2].weight, shard_of(ref[2].weight, 0), torch.float64, "head after training")
+
+
+def case_fused_gradients_in_forward_by_blocks_and_recomputed():
+    """The fused loss's two gradients-in-forward paths on ranks whose shards
+    differ by one class, against the float64 reference: blocks of rows (2
+    ranks x 70,001 / 70,000 classes, 96 rows: 2**22 // 70001 = 59, so two
+    blocks of 48, one all-gather each) and, with 140,001 classes per rank
+    (blocks of 29 rows would be too thin), the logits computed twice in
+    forward. Class weights, smoothing, z-loss, ignored rows."""
+    if _size() != 2:  # the reference's whole logits are large: one world size is enough
+        return
+    for rows, classes, reduction in ((96, 140001, "mean"), (40, 280001, "sum")):
+        g = torch.Generator().manual_seed(classes)
+        x = torch.randn(rows, 3, dtype=torch.float64, generator=g)
+        W = torch.randn(classes, 3, dtype=torch.float64, generator=g)
+        b = torch.randn(classes, dtype=torch.float64, generator=g)
+        weight = torch.rand(classes, dtype=torch.float64, generator=g) + 0.5
+        target = torch.randint(0, classes, (rows,), generator=g)
+        target[::5] = -100
+        kwargs = dict(ignore_index=-100, reduction=reduction, label_smoothing=0.1, z_loss=1e-3)
+        xr, Wr, br = (t.clone().requires_grad_() for t in (x, W, b))
+        ref = cross_entropy_reference(nn.functional.linear(xr, Wr, br), target, weight, **kwargs)
+        (0.5 * ref).backward()
+        xs = x.clone().requires_grad_()
+        Ws, bs = shard_of(W, 0).clone().requires_grad_(), shard_of(b, 0).clone().requires_grad_()
+        loss = F_TS.parallel_linear_cross_entropy(xs, Ws, bs, target, shard_of(weight, 0),
+                                                  **kwargs)
+        (0.5 * loss).backward()
+        what = f"rows={rows} classes={classes}"
+        assert_close(loss, ref, torch.float64, "fused loss " + what)
+        assert_close(xs.grad, xr.grad, torch.float64, "fused grad input " + what)
+        assert_close(Ws.grad, shard_of(Wr.grad, 0), torch.float64, "fused grad weight " + what)
+        assert_close(bs.grad, shard_of(br.grad, 0), torch.float64, "fused grad bias " + what)

@@ -149,3 +149,32 @@ def test_losses_never_synchronise_with_the_host(fused, num_classes):
     syncs = [str(w.message) for w in forward_syncs if "synchroniz" in str(w.message)]
     assert not syncs, syncs
     assert not [str(w.message) for w in backward_syncs if "synchroniz" in str(w.message)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("rows,classes,reduction", [
+    (33, 2001, "mean"),     # one block of rows
+    (160, 70000, "sum"),    # three blocks of rows
+    (64, 140000, "mean"),   # blocks too thin: the logits computed twice in forward
+])
+def test_fused_gradients_in_forward_match_reference(dtype, rows, classes, reduction):
+    g = torch.Generator().manual_seed(classes)
+    x = torch.randn(rows, 16, dtype=torch.float64, generator=g)
+    w = torch.randn(classes, 16, dtype=torch.float64, generator=g) * 0.5
+    b = torch.randn(classes, dtype=torch.float64, generator=g)
+    weight = torch.rand(classes, dtype=torch.float64, generator=g) + 0.5
+    target = torch.randint(0, classes, (rows,), generator=g)
+    target[::7] = -100
+    kwargs = dict(ignore_index=-100, reduction=reduction, label_smoothing=0.1, z_loss=1e-3)
+    ref_args = [t.cuda().requires_grad_() for t in (x, w, b)]
+    ref = cross_entropy_reference(torch.nn.functional.linear(*ref_args), target.cuda(),
+                                  weight.cuda(), **kwargs)
+    (3.0 * ref).backward()
+    args = [t.to("cuda", dtype).requires_grad_() for t in (x, w, b)]
+    loss = ts.nn.functional.parallel_linear_cross_entropy(*args, target.cuda(),
+                                                          weight.to("cuda", dtype), **kwargs)
+    (3.0 * loss).backward()
+    tol = TOL[dtype] * 10
+    torch.testing.assert_close(loss.double(), ref, rtol=tol, atol=tol)
+    for mine, theirs in zip(args, ref_args):
+        torch.testing.assert_close(mine.grad.double(), theirs.grad, rtol=tol, atol=tol)

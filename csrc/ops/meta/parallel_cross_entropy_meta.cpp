@@ -89,6 +89,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_backward_meta(
   return {grad_input, grad_weight, grad_bias};
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+fused_forward_with_gradients_meta(const at::Tensor& input, const at::Tensor& weight,
+                                  const std::optional<at::Tensor>& bias, const at::Tensor& target,
+                                  const std::optional<at::Tensor>& class_weight,
+                                  int64_t ignore_index, double label_smoothing, double z_loss,
+                                  int64_t reduction, int64_t chunk_size, const std::string& group,
+                                  std::optional<int64_t> num_classes,
+                                  std::array<bool, 3> output_mask) {
+  TORCH_CHECK(reduction != 0, "shard::_parallel_linear_cross_entropy_forward_with_gradients",
+              ": needs reduction mean or sum (a scalar loss), got reduction none");
+  auto [loss, row_stats] =
+      fused_forward_meta(input, weight, bias, target, class_weight, ignore_index, label_smoothing,
+                         z_loss, reduction, chunk_size, group, num_classes);
+  auto [grad_input, grad_weight, grad_bias] = fused_backward_meta(
+      loss, input, weight, bias, row_stats, target, class_weight, ignore_index, label_smoothing,
+      z_loss, reduction, chunk_size, group, output_mask);
+  return {loss, row_stats, grad_input, grad_weight, grad_bias};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(shard, Meta, m) {
@@ -98,6 +117,8 @@ TORCH_LIBRARY_IMPL(shard, Meta, m) {
   m.impl("parallel_linear_cross_entropy", TORCH_FN(fused_loss_meta));
   m.impl("_parallel_linear_cross_entropy_forward", TORCH_FN(fused_forward_meta));
   m.impl("_parallel_linear_cross_entropy_backward", TORCH_FN(fused_backward_meta));
+  m.impl("_parallel_linear_cross_entropy_forward_with_gradients",
+         TORCH_FN(fused_forward_with_gradients_meta));
 }
 
 }  // namespace ops

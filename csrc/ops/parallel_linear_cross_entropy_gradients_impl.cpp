@@ -1,0 +1,193 @@
+// shard::_parallel_linear_cross_entropy_forward_with_gradients: the fused
+// loss and its gradients in one call, so that backward only scales them.
+#include "ops/parallel_linear_cross_entropy_impl.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "comm/registry.h"
+#include "ops/cross_entropy_statistics.h"
+#include <shardtorch/ops/parallel_linear_cross_entropy.h>
+#include <shardtorch/topology/topology.h>
+
+namespace shardtorch {
+namespace ops {
+namespace {
+
+constexpr const char* kOp = "shard::_parallel_linear_cross_entropy_forward_with_gradients";
+
+// The same forward setup restricted to rows [begin, begin + count): its
+// collective then gathers only those rows' statistics. The target check
+// stays the whole batch's, so every block raises what the first would.
+CrossEntropyForwardSetup rows_of(const CrossEntropyForwardSetup& setup, int64_t begin,
+                                 int64_t count) {
+  CrossEntropyForwardSetup block = setup;
+  block.target_flat = setup.target_flat.narrow(0, begin, count);
+  block.target_local = setup.target_local.narrow(0, begin, count);
+  return block;
+}
+
+// One saved row_stats from the blocks' own: their rows in order, and the
+// trailer of the first with the mean's divisor summed over all blocks.
+at::Tensor join_row_blocks(const std::vector<at::Tensor>& blocks) {
+  std::vector<at::Tensor> rows;
+  at::Tensor denominator;
+  for (const at::Tensor& b : blocks) {
+    const int64_t n = b.size(0) - 1;
+    rows.push_back(b.narrow(0, 0, n));
+    const at::Tensor d = b.select(0, n).select(0, kTrailerDenominator);
+    denominator = denominator.defined() ? denominator + d : d;
+  }
+  at::Tensor trailer = blocks.front().narrow(0, blocks.front().size(0) - 1, 1).clone();
+  trailer.select(1, kTrailerDenominator).copy_(denominator);
+  rows.push_back(trailer);
+  return at::cat(rows, 0);
+}
+
+// The classifier's logits, block by block of rows, each block holding all of
+// this rank's classes: its statistics are combined over the group (one
+// all-gather per block), then the block becomes d loss / d logits in place
+// and goes into the input and weight gradients. Three GEMMs per row, none
+// recomputed.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> by_row_blocks(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    const at::Tensor& target, const std::optional<at::Tensor>& class_weight,
+    const CrossEntropyOptions& options, const CrossEntropyForwardSetup& setup, int64_t block_rows,
+    const std::string& group, std::array<bool, 3> output_mask,
+    const CrossEntropyKernels& kernels) {
+  const int64_t rows = setup.target_flat.size(0);
+  const int64_t local = weight.size(0), features = weight.size(1);
+  const at::Tensor x = input.reshape({rows, features}).to(weight.scalar_type()).contiguous();
+  const at::Tensor w = weight.contiguous();
+  const bool with_bias = bias.has_value() && bias->defined();
+  CrossEntropyOptions summed = options;
+  summed.reduction = 2;  // unscaled gradients: backward applies the upstream gradient and the mean
+  const at::Tensor one = at::ones({}, x.options().dtype(at::kDouble));
+  const at::Tensor target_flat = target.reshape({rows});
+
+  at::Tensor grad_input, grad_weight, grad_bias;
+  if (output_mask[0]) grad_input = at::zeros({rows, features}, x.options().dtype(setup.acc));
+  if (output_mask[1]) grad_weight = at::empty_like(w);
+  if (output_mask[2] && with_bias) grad_bias = at::zeros({local}, w.options().dtype(setup.acc));
+  std::vector<at::Tensor> saved_blocks;
+  std::shared_ptr<comm::CommHandle> pending_reduce;
+  for (int64_t begin = 0; begin < rows; begin += block_rows) {
+    const int64_t count = std::min(block_rows, rows - begin);
+    const bool last = begin + count >= rows;
+    const CrossEntropyForwardSetup block = rows_of(setup, begin, count);
+    const at::Tensor xb = x.narrow(0, begin, count);
+    at::Tensor stats = fresh_row_stats(count, block, input.device());
+    at::Tensor values;
+    if (local > 0 && block.check.code == LocalCheck::kOk) {
+      at::Tensor bias_all;
+      if (with_bias) bias_all = *bias;
+      values = kernels.chunk_logits(xb, w, bias_all, setup.acc);
+      kernels.accumulate_row_stats(values, 0, block.target_local, block.weight_local, stats,
+                                   at::Tensor());
+    }
+    saved_blocks.push_back(combine_over_group(block, stats, options, kOp));
+    if (values.defined()) {
+      const CrossEntropyBackwardSetup coefs =
+          prepare_cross_entropy_backward(one, saved_blocks.back(), target_flat.narrow(0, begin, count),
+                                         class_weight, summed, local, setup.acc, kOp);
+      kernels.softmax_grad_inplace(values, 0, coefs.target_local, coefs.weight_local, coefs.coefs);
+      // Summed over the block's rows without a class-sized temporary.
+      if (grad_bias.defined()) grad_bias.addmv_(values.t(), at::ones({count}, values.options()));
+      // The gradient GEMMs run in the GEMM dtype, the input gradient
+      // accumulating in the stats dtype (as the separate backward does).
+      if (values.scalar_type() != x.scalar_type()) values = values.to(x.scalar_type());
+      if (output_mask[0]) {
+        at::Tensor rows_of_grad = grad_input.narrow(0, begin, count);
+        kernels.add_product(rows_of_grad, values, w);
+      }
+    }
+    // Each rank's classes contribute a part of the input gradient; the sum
+    // travels while the last block's weight gradient is computed.
+    if (last && output_mask[0]) {
+      pending_reduce = comm::communicator_for(group, input.device(), kOp)->all_reduce_async(grad_input);
+    }
+    if (values.defined() && output_mask[1]) {
+      if (begin == 0) {
+        at::mm_out(grad_weight, values.t(), xb);  // in place: no weight-sized temporary
+      } else {
+        grad_weight.addmm_(values.t(), xb);
+      }
+    }
+  }
+  if (pending_reduce) pending_reduce->wait();
+  at::Tensor saved = join_row_blocks(saved_blocks);
+  at::Tensor loss = reduce_loss(saved, target, options, input.scalar_type());
+  if (grad_input.defined()) grad_input = grad_input.to(input.scalar_type()).view(input.sizes());
+  if (grad_bias.defined()) grad_bias = grad_bias.to(w.scalar_type());
+  return {loss, saved, grad_input, grad_weight, grad_bias};
+}
+
+}  // namespace
+
+int64_t parallel_linear_cross_entropy_gradient_block_rows(int64_t rows, int64_t max_local_classes,
+                                                          int64_t chunk_size) {
+  if (rows <= 0) return 0;
+  const int64_t budget = std::max(rows * chunk_size, kGradientBlockMinElements);
+  const int64_t fit = max_local_classes > 0 ? budget / max_local_classes : rows;
+  if (fit >= rows) return rows;
+  if (fit < kGradientBlockMinRows) return 0;
+  const int64_t blocks = (rows + fit - 1) / fit;
+  return (rows + blocks - 1) / blocks;  // blocks of even size
+}
+
+at::Tensor parallel_linear_cross_entropy_gradient_scale(const at::Tensor& grad_loss,
+                                                        const at::Tensor& row_stats,
+                                                        int64_t reduction) {
+  TORCH_CHECK(grad_loss.numel() == 1, "shard::parallel_linear_cross_entropy",
+              ": the upstream gradient of a reduced loss must be one value, got shape ",
+              grad_loss.sizes());
+  const at::Tensor grad = grad_loss.reshape({}).to(row_stats.options());
+  if (reduction != 1) return grad;
+  const int64_t rows = row_stats.size(0) - 1;
+  const at::Tensor any_valid =
+      row_stats.narrow(0, 0, rows).select(1, kSavedValid).ne(0).any();
+  const at::Tensor denominator = row_stats.select(0, rows).select(0, kTrailerDenominator);
+  return at::where(any_valid, grad / denominator, at::zeros_like(grad));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+parallel_linear_cross_entropy_forward_with_gradients_impl(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    const at::Tensor& target, const std::optional<at::Tensor>& class_weight,
+    const CrossEntropyOptions& options, int64_t chunk_size, const std::string& group,
+    std::optional<int64_t> num_classes, std::array<bool, 3> output_mask,
+    const CrossEntropyKernels& kernels) {
+  check_parallel_linear_cross_entropy_args(input, weight, bias, target, class_weight, options,
+                                           chunk_size, kOp);
+  TORCH_CHECK(options.reduction != 0, kOp,
+              ": needs reduction mean or sum (a scalar loss), got reduction none");
+  const int64_t rows = leading_rows(input).guard_int(__FILE__, __LINE__);
+  const CrossEntropyForwardSetup setup =
+      prepare_cross_entropy_forward(group, input.device(), input.scalar_type(), weight.size(0),
+                                    num_classes, target, class_weight, options, kOp);
+  // Decided from the largest shard, which every rank knows: all ranks take the
+  // same branch and make the same collectives.
+  const int64_t ranks = setup.communicator->size();
+  const int64_t block_rows = parallel_linear_cross_entropy_gradient_block_rows(
+      rows, topology::shard_size(setup.layout.num_classes, ranks, 0), chunk_size);
+  if (block_rows > 0) {
+    return by_row_blocks(input, weight, bias, target, class_weight, options, setup, block_rows,
+                         group, output_mask, kernels);
+  }
+  // Too many classes for a block of rows within the memory bound: the logits
+  // are computed twice, chunk by chunk, as the separate backward would.
+  auto [loss, saved] = parallel_linear_cross_entropy_forward_impl(
+      input, weight, bias, target, class_weight, options, chunk_size, group,
+      setup.layout.num_classes, kernels);
+  CrossEntropyOptions summed = options;
+  summed.reduction = 2;
+  auto [grad_input, grad_weight, grad_bias] = parallel_linear_cross_entropy_backward_impl(
+      at::ones({}, input.options().dtype(at::kDouble)), input, weight, bias, saved, target,
+      class_weight, summed, chunk_size, group, output_mask, kernels);
+  return {loss, saved, grad_input, grad_weight, grad_bias};
+}
+
+}  // namespace ops
+}  // namespace shardtorch
