@@ -116,6 +116,11 @@ class ParallelLinearCrossEntropyFunction : public Function<ParallelLinearCrossEn
     auto saved = ctx->get_saved_variables();
     if (ctx->saved_data["gradients_in_forward"].toBool()) {
       if (!grads[0].defined()) return result;
+      // The gradients are constants of forward: their own derivatives are
+      // not known here, and leaving them out would be a silent wrong answer.
+      TORCH_CHECK(!at::GradMode::is_enabled(),
+                  "shard::parallel_linear_cross_entropy: differentiating its gradient "
+                  "(create_graph=True) is not supported");
       const at::Tensor scale = ops::parallel_linear_cross_entropy_gradient_scale(
           grads[0], saved[3], ctx->saved_data["reduction"].toInt());
       // Scaled in place unless the graph is kept for another backward.

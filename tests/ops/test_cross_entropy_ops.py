@@ -355,3 +355,13 @@ def test_gradients_in_forward_only_what_autograd_needs(world_of_one):
     torch.testing.assert_close(xs.grad, xr.grad)
     torch.testing.assert_close(Ws.grad, Wr.grad)
     assert not xs.grad.isnan().any() and not Ws.grad.any()
+
+
+def test_gradients_in_forward_refuse_create_graph(world_of_one):
+    """Its gradients are constants of forward: differentiating them again
+    would silently miss terms, so it raises."""
+    x = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+    loss = ts.nn.functional.parallel_linear_cross_entropy(x, w, None, torch.tensor([0, 1, 2, 3]))
+    with pytest.raises(RuntimeError, match="create_graph=True"):
+        torch.autograd.grad(loss, x, create_graph=True)
