@@ -183,6 +183,8 @@ TORCH_LIBRARY_IMPL(shard, Autograd, m) {
          torch::autograd::autogradNotImplementedFallback());
   m.impl("_parallel_linear_cross_entropy_backward",
          torch::autograd::autogradNotImplementedFallback());
+  m.impl("_parallel_linear_cross_entropy_forward_with_gradients",
+         torch::autograd::autogradNotImplementedFallback());
 }
 
 }  // namespace autograd

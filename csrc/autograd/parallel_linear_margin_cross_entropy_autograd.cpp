@@ -1,5 +1,7 @@
 // Autograd of parallel_linear_margin_cross_entropy, in C++ so that LibTorch
-// programs train with it too. The backward is the op
+// programs train with it too. Either the forward computes the gradients too
+// (shard::_parallel_linear_margin_cross_entropy_forward_with_gradients) and
+// backward scales them, or backward is the op
 // shard::_parallel_linear_margin_cross_entropy_backward (chunks recomputed).
 // With sampled classes the weight's gradient is a sparse COO tensor holding
 // the kept rows only (as torch.nn.Embedding(sparse=True) gives its dense
@@ -9,8 +11,10 @@
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
+#include <torch/csrc/autograd/graph_task.h>
 #include <torch/library.h>
 
+#include <shardtorch/ops/parallel_linear_cross_entropy.h>
 #include <shardtorch/ops/parallel_linear_margin_cross_entropy.h>
 
 namespace shardtorch {
@@ -29,8 +33,26 @@ class ParallelLinearMarginCrossEntropyFunction
                             bool easy_margin, int64_t ignore_index, double label_smoothing,
                             int64_t reduction, const std::optional<at::Tensor>& sampled_classes,
                             int64_t chunk_size, const std::string& group,
-                            std::optional<int64_t> num_classes) {
+                            std::optional<int64_t> num_classes, bool grad_mode) {
     at::AutoDispatchBelowADInplaceOrView guard;
+    ctx->saved_data["reduction"] = reduction;
+    ctx->saved_data["weight_sizes"] = weight.sizes().vec();
+    // Gradients in forward (see parallel_linear_cross_entropy_autograd): a
+    // scalar loss, a float32/float64 classifier, a gradient to compute.
+    const std::array<bool, 2> mask{grad_mode && input.requires_grad(),
+                                   grad_mode && weight.requires_grad()};
+    const auto type = weight.scalar_type();
+    if (reduction != 0 && (type == at::kFloat || type == at::kDouble) && (mask[0] || mask[1])) {
+      auto [loss, row_stats, grad_input, grad_weight] =
+          ops::parallel_linear_margin_cross_entropy_forward_with_gradients(
+              input, weight, target, scale, m1, m2, m3, easy_margin, ignore_index,
+              label_smoothing, reduction, sampled_classes, chunk_size, group, num_classes, mask);
+      ctx->save_for_backward(
+          {grad_input, grad_weight, row_stats, sampled_classes.value_or(at::Tensor())});
+      ctx->saved_data["gradients_in_forward"] = true;
+      return loss;
+    }
+    ctx->saved_data["gradients_in_forward"] = false;
     auto [loss, row_stats] = ops::parallel_linear_margin_cross_entropy_forward(
         input, weight, target, scale, m1, m2, m3, easy_margin, ignore_index, label_smoothing,
         reduction, sampled_classes, chunk_size, group, num_classes);
@@ -43,14 +65,39 @@ class ParallelLinearMarginCrossEntropyFunction
     ctx->saved_data["easy_margin"] = easy_margin;
     ctx->saved_data["ignore_index"] = ignore_index;
     ctx->saved_data["label_smoothing"] = label_smoothing;
-    ctx->saved_data["reduction"] = reduction;
     ctx->saved_data["chunk_size"] = chunk_size;
     ctx->saved_data["group"] = group;
     return loss;
   }
 
+  // The kept classes are strictly increasing (the forward checked): the
+  // sparse gradient is coalesced as built.
+  static at::Tensor kept_rows_gradient(const at::Tensor& grad, const at::Tensor& kept,
+                                       at::IntArrayRef weight_sizes) {
+    return at::_sparse_coo_tensor_unsafe(kept.unsqueeze(0), grad, weight_sizes)._coalesced_(true);
+  }
+
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    variable_list result(15);
+    variable_list result(16);
+    if (ctx->saved_data["gradients_in_forward"].toBool()) {
+      if (!grads[0].defined()) return result;
+      TORCH_CHECK(!at::GradMode::is_enabled(),
+                  "shard::parallel_linear_margin_cross_entropy: differentiating its gradient "
+                  "(create_graph=True) is not supported");
+      auto saved = ctx->get_saved_variables();
+      const at::Tensor scale = ops::parallel_linear_cross_entropy_gradient_scale(
+          grads[0], saved[2], ctx->saved_data["reduction"].toInt());
+      // Scaled in place unless the graph is kept for another backward.
+      const bool keep = torch::autograd::get_current_graph_task_keep_graph();
+      for (int i = 0; i < 2; ++i) {
+        if (saved[i].defined()) result[i] = keep ? saved[i].mul(scale) : saved[i].mul_(scale);
+      }
+      if (result[1].defined() && saved[3].defined()) {
+        result[1] = kept_rows_gradient(result[1], saved[3],
+                                       ctx->saved_data["weight_sizes"].toIntVector());
+      }
+      return result;
+    }
     std::array<bool, 2> mask{ctx->needs_input_grad(0), ctx->needs_input_grad(1)};
     if (!grads[0].defined() || !(mask[0] || mask[1])) return result;
     auto saved = ctx->get_saved_variables();
@@ -66,10 +113,7 @@ class ParallelLinearMarginCrossEntropyFunction
         d.at("group").toStringRef(), mask);
     result[0] = grad_input;
     if (grad_weight.defined() && kept.defined()) {
-      // The kept classes are strictly increasing (the forward checked): the
-      // sparse gradient is coalesced as built.
-      grad_weight = at::_sparse_coo_tensor_unsafe(kept.unsqueeze(0), grad_weight, weight.sizes())
-                        ._coalesced_(true);
+      grad_weight = kept_rows_gradient(grad_weight, kept, weight.sizes());
     }
     result[1] = grad_weight;
     return result;
@@ -83,7 +127,7 @@ at::Tensor parallel_linear_margin_cross_entropy_autograd(
     const std::string& group, std::optional<int64_t> num_classes) {
   return ParallelLinearMarginCrossEntropyFunction::apply(
       input, weight, target, scale, m1, m2, m3, easy_margin, ignore_index, label_smoothing,
-      reduction, sampled_classes, chunk_size, group, num_classes);
+      reduction, sampled_classes, chunk_size, group, num_classes, at::GradMode::is_enabled());
 }
 
 }  // namespace
@@ -95,6 +139,8 @@ TORCH_LIBRARY_IMPL(shard, Autograd, m) {
   m.impl("_parallel_linear_margin_cross_entropy_forward",
          torch::autograd::autogradNotImplementedFallback());
   m.impl("_parallel_linear_margin_cross_entropy_backward",
+         torch::autograd::autogradNotImplementedFallback());
+  m.impl("_parallel_linear_margin_cross_entropy_forward_with_gradients",
          torch::autograd::autogradNotImplementedFallback());
 }
 

@@ -311,6 +311,29 @@ at::Tensor combine_over_group(const CrossEntropyForwardSetup& setup, const at::T
   return saved;
 }
 
+CrossEntropyForwardSetup rows_of_setup(const CrossEntropyForwardSetup& setup, int64_t begin,
+                                       int64_t count) {
+  CrossEntropyForwardSetup block = setup;
+  block.target_flat = setup.target_flat.narrow(0, begin, count);
+  block.target_local = setup.target_local.narrow(0, begin, count);
+  return block;
+}
+
+at::Tensor join_saved_row_blocks(const std::vector<at::Tensor>& blocks) {
+  std::vector<at::Tensor> rows;
+  at::Tensor denominator;
+  for (const at::Tensor& b : blocks) {
+    const int64_t n = b.size(0) - 1;
+    rows.push_back(b.narrow(0, 0, n));
+    const at::Tensor d = b.select(0, n).select(0, kTrailerDenominator);
+    denominator = denominator.defined() ? denominator + d : d;
+  }
+  at::Tensor trailer = blocks.front().narrow(0, blocks.front().size(0) - 1, 1).clone();
+  trailer.select(1, kTrailerDenominator).copy_(denominator);
+  rows.push_back(trailer);
+  return at::cat(rows, 0);
+}
+
 at::Tensor reduce_loss(const at::Tensor& saved, const at::Tensor& target,
                        const CrossEntropyOptions& options, at::ScalarType out_type) {
   const int64_t rows = saved.size(0) - 1;

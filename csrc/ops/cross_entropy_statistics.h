@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "ops/cross_entropy_checks.h"
@@ -94,6 +95,16 @@ at::Tensor fresh_row_stats(int64_t rows, const CrossEntropyForwardSetup& setup,
 // gradients are NaN). Returns the saved row_stats.
 at::Tensor combine_over_group(const CrossEntropyForwardSetup& setup, const at::Tensor& stats,
                               const CrossEntropyOptions& options, const char* op);
+
+// For the fused losses that go over the batch in blocks of rows (their
+// gradients in forward): the setup restricted to rows [begin, begin + count)
+// (its combine_over_group then gathers only those rows; the target check stays
+// the whole batch's, so every block raises what the first would), and one
+// saved row_stats from the blocks' own (their rows in order, the trailer of
+// the first with the mean's divisor summed over all).
+CrossEntropyForwardSetup rows_of_setup(const CrossEntropyForwardSetup& setup, int64_t begin,
+                                       int64_t count);
+at::Tensor join_saved_row_blocks(const std::vector<at::Tensor>& blocks);
 
 // The loss from the saved row_stats, a fresh tensor of `out_type`.
 at::Tensor reduce_loss(const at::Tensor& saved, const at::Tensor& target,

@@ -65,10 +65,25 @@ struct MarginCrossEntropyKernelAdapter {
         output_mask, kernels());
   }
 
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward_with_gradients(
+      const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target, double scale,
+      double m1, double m2, double m3, bool easy_margin, int64_t ignore_index,
+      double label_smoothing, int64_t reduction, const std::optional<at::Tensor>& sampled_classes,
+      int64_t chunk_size, const std::string& group, std::optional<int64_t> num_classes,
+      std::array<bool, 2> output_mask) {
+    const at::OptionalDeviceGuard device_guard(at::device_of(input));
+    return parallel_linear_margin_cross_entropy_forward_with_gradients_impl(
+        input, weight, target, margin_of(scale, m1, m2, m3, easy_margin),
+        options_of(ignore_index, label_smoothing, reduction), sampled_classes, chunk_size, group,
+        num_classes, output_mask, kernels());
+  }
+
   static void register_kernels(torch::Library& m) {
     m.impl("parallel_linear_margin_cross_entropy", TORCH_FN(loss));
     m.impl("_parallel_linear_margin_cross_entropy_forward", TORCH_FN(forward));
     m.impl("_parallel_linear_margin_cross_entropy_backward", TORCH_FN(backward));
+    m.impl("_parallel_linear_margin_cross_entropy_forward_with_gradients",
+           TORCH_FN(forward_with_gradients));
   }
 };
 

@@ -18,34 +18,6 @@ namespace {
 
 constexpr const char* kOp = "shard::_parallel_linear_cross_entropy_forward_with_gradients";
 
-// The same forward setup restricted to rows [begin, begin + count): its
-// collective then gathers only those rows' statistics. The target check
-// stays the whole batch's, so every block raises what the first would.
-CrossEntropyForwardSetup rows_of(const CrossEntropyForwardSetup& setup, int64_t begin,
-                                 int64_t count) {
-  CrossEntropyForwardSetup block = setup;
-  block.target_flat = setup.target_flat.narrow(0, begin, count);
-  block.target_local = setup.target_local.narrow(0, begin, count);
-  return block;
-}
-
-// One saved row_stats from the blocks' own: their rows in order, and the
-// trailer of the first with the mean's divisor summed over all blocks.
-at::Tensor join_row_blocks(const std::vector<at::Tensor>& blocks) {
-  std::vector<at::Tensor> rows;
-  at::Tensor denominator;
-  for (const at::Tensor& b : blocks) {
-    const int64_t n = b.size(0) - 1;
-    rows.push_back(b.narrow(0, 0, n));
-    const at::Tensor d = b.select(0, n).select(0, kTrailerDenominator);
-    denominator = denominator.defined() ? denominator + d : d;
-  }
-  at::Tensor trailer = blocks.front().narrow(0, blocks.front().size(0) - 1, 1).clone();
-  trailer.select(1, kTrailerDenominator).copy_(denominator);
-  rows.push_back(trailer);
-  return at::cat(rows, 0);
-}
-
 // The classifier's logits, block by block of rows, each block holding all of
 // this rank's classes: its statistics are combined over the group (one
 // all-gather per block), then the block becomes d loss / d logits in place
@@ -76,7 +48,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> by_row_bl
   for (int64_t begin = 0; begin < rows; begin += block_rows) {
     const int64_t count = std::min(block_rows, rows - begin);
     const bool last = begin + count >= rows;
-    const CrossEntropyForwardSetup block = rows_of(setup, begin, count);
+    const CrossEntropyForwardSetup block = rows_of_setup(setup, begin, count);
     const at::Tensor xb = x.narrow(0, begin, count);
     at::Tensor stats = fresh_row_stats(count, block, input.device());
     at::Tensor values;
@@ -117,7 +89,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> by_row_bl
     }
   }
   if (pending_reduce) pending_reduce->wait();
-  at::Tensor saved = join_row_blocks(saved_blocks);
+  at::Tensor saved = join_saved_row_blocks(saved_blocks);
   at::Tensor loss = reduce_loss(saved, target, options, input.scalar_type());
   if (grad_input.defined()) grad_input = grad_input.to(input.scalar_type()).view(input.sizes());
   if (grad_bias.defined()) grad_bias = grad_bias.to(w.scalar_type());

@@ -30,6 +30,13 @@ TORCH_LIBRARY_FRAGMENT(shard, m) {
       "Tensor? sampled_classes, int chunk_size, str group, bool[2] output_mask) "
       "-> (Tensor, Tensor)",
       tags);
+  m.def(
+      "_parallel_linear_margin_cross_entropy_forward_with_gradients(Tensor input, Tensor weight, "
+      "Tensor target, float scale, float m1, float m2, float m3, bool easy_margin, "
+      "int ignore_index, float label_smoothing, int reduction, Tensor? sampled_classes, "
+      "int chunk_size, str group, int? num_classes, bool[2] output_mask) "
+      "-> (Tensor, Tensor, Tensor, Tensor)",
+      tags);
 }
 
 using OptTensor = std::optional<at::Tensor>;
@@ -65,6 +72,25 @@ std::tuple<at::Tensor, at::Tensor> parallel_linear_margin_cross_entropy_forward(
               std::optional<int64_t>)>();
   return op.call(input, weight, target, scale, m1, m2, m3, easy_margin, ignore_index,
                  label_smoothing, reduction, sampled_classes, chunk_size, group, num_classes);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+parallel_linear_margin_cross_entropy_forward_with_gradients(
+    const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target, double scale,
+    double m1, double m2, double m3, bool easy_margin, int64_t ignore_index, double label_smoothing,
+    int64_t reduction, const OptTensor& sampled_classes, int64_t chunk_size,
+    const std::string& group, std::optional<int64_t> num_classes, std::array<bool, 2> output_mask) {
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("shard::_parallel_linear_margin_cross_entropy_forward_with_gradients",
+                             "")
+          .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+              const at::Tensor&, const at::Tensor&, const at::Tensor&, double, double, double,
+              double, bool, int64_t, double, int64_t, const OptTensor&, int64_t,
+              const std::string&, std::optional<int64_t>, std::array<bool, 2>)>();
+  return op.call(input, weight, target, scale, m1, m2, m3, easy_margin, ignore_index,
+                 label_smoothing, reduction, sampled_classes, chunk_size, group, num_classes,
+                 output_mask);
 }
 
 std::tuple<at::Tensor, at::Tensor> parallel_linear_margin_cross_entropy_backward(

@@ -31,8 +31,15 @@
 //   (label smoothing spreads over those), and the weight gradient holds the
 //   kept rows only ([kept, in_features], row i for class sampled_classes[i]).
 //
-// Communication: as parallel_linear_cross_entropy (one all-gather of per-row
-// statistics forward, one all-reduce of the input gradient backward).
+// Communication and gradients: as parallel_linear_cross_entropy. When autograd
+// needs a gradient of a mean or sum loss of a float32/float64 classifier, the
+// gradients are computed in forward (backward only scales them): by blocks of
+// rows holding all of the loss's columns where the largest count of columns
+// any rank brings fits parallel_linear_cross_entropy_gradient_block_rows (with
+// sampling, the kept counts: one tiny all-gather of them), one all-gather of
+// statistics per block; else the logits computed twice. Otherwise one
+// all-gather of per-row statistics forward, the logits recomputed and one
+// all-reduce of the input gradient backward.
 //
 // Internals:
 //   _parallel_linear_margin_cross_entropy_forward(...) -> (loss, row_stats)
@@ -40,6 +47,12 @@
 //     row_stats, target, scale, m1, m2, m3, easy_margin, ignore_index,
 //     label_smoothing, reduction, sampled_classes, chunk_size, group,
 //     bool[2] output_mask) -> (grad_input, grad_weight)
+//   _parallel_linear_margin_cross_entropy_forward_with_gradients(input,
+//     weight, target, scale, m1, m2, m3, easy_margin, ignore_index,
+//     label_smoothing, reduction, sampled_classes, chunk_size, group,
+//     num_classes, bool[2] output_mask)
+//     -> (loss, row_stats, grad_input, grad_weight), the gradients of the
+//     summed loss (reduction sum's, upstream gradient 1).
 
 #include <ATen/core/Tensor.h>
 
@@ -62,6 +75,13 @@ std::tuple<at::Tensor, at::Tensor> parallel_linear_margin_cross_entropy_forward(
     double m1, double m2, double m3, bool easy_margin, int64_t ignore_index, double label_smoothing,
     int64_t reduction, const std::optional<at::Tensor>& sampled_classes, int64_t chunk_size,
     const std::string& group, std::optional<int64_t> num_classes);
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+parallel_linear_margin_cross_entropy_forward_with_gradients(
+    const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target, double scale,
+    double m1, double m2, double m3, bool easy_margin, int64_t ignore_index, double label_smoothing,
+    int64_t reduction, const std::optional<at::Tensor>& sampled_classes, int64_t chunk_size,
+    const std::string& group, std::optional<int64_t> num_classes, std::array<bool, 2> output_mask);
 
 std::tuple<at::Tensor, at::Tensor> parallel_linear_margin_cross_entropy_backward(
     const at::Tensor& grad_loss, const at::Tensor& input, const at::Tensor& weight,

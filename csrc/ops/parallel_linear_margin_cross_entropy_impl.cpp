@@ -6,7 +6,10 @@
 #include <cmath>
 
 #include "comm/registry.h"
+#include "comm/sharded_collectives.h"
 #include "ops/cross_entropy_statistics.h"
+#include <shardtorch/ops/parallel_linear_cross_entropy.h>
+#include <shardtorch/topology/topology.h>
 
 namespace shardtorch {
 namespace ops {
@@ -14,6 +17,8 @@ namespace {
 
 constexpr const char* kForward = "shard::parallel_linear_margin_cross_entropy";
 constexpr const char* kBackward = "shard::_parallel_linear_margin_cross_entropy_backward";
+constexpr const char* kWithGradients =
+    "shard::_parallel_linear_margin_cross_entropy_forward_with_gradients";
 // F.normalize's eps: rows are divided by max(norm, eps), so that the op is
 // F.normalize's composition exactly, gradient included.
 constexpr double kNormEps = 1e-12;
@@ -99,6 +104,13 @@ void update_target_entries_(at::Tensor& values, const TargetColumns& at_target, 
   values.scatter_(1, at_target.column, updated.unsqueeze(1));
 }
 
+// Rows [begin, begin + width) of the weight in the loss's column order.
+at::Tensor weight_rows_of(const at::Tensor& w, const at::Tensor& kept, int64_t begin,
+                          int64_t width) {
+  return kept.defined() ? w.index_select(0, kept.narrow(0, begin, width))
+                        : w.narrow(0, begin, width);
+}
+
 // One chunk of the margin logits: columns [begin, begin + width) of the
 // classes in the loss (this rank's shard, or its kept classes).
 struct MarginChunk {
@@ -112,10 +124,7 @@ MarginChunk margin_chunk(const at::Tensor& x_unit, const at::Tensor& w,
                          const at::Tensor& kept_classes, int64_t begin, int64_t width,
                          const at::Tensor& target_local, const MarginOptions& margin) {
   MarginChunk chunk;
-  const at::Tensor rows_of_w = kept_classes.defined()
-                                   ? w.index_select(0, kept_classes.narrow(0, begin, width))
-                                   : w.narrow(0, begin, width);
-  chunk.weight_rows = normalize_rows(rows_of_w);
+  chunk.weight_rows = normalize_rows(weight_rows_of(w, kept_classes, begin, width));
   chunk.logits = at::mm(x_unit, chunk.weight_rows.unit.t());
   chunk.at_target = target_columns(target_local, begin, width);
   const at::Tensor cos_target = chunk.logits.gather(1, chunk.at_target.column).squeeze(1);
@@ -173,6 +182,109 @@ void use_kept_classes(CrossEntropyForwardSetup& setup, const at::Tensor& kept) {
 
 at::Tensor x_rows(const at::Tensor& input, int64_t rows) {
   return input.reshape({rows, input.size(-1)}).contiguous();
+}
+
+// The gradients in forward over blocks of rows, each holding all the classes
+// in the loss (as the fused cross-entropy's, parallel_linear_cross_entropy.h):
+// a block's margin logits are made chunk by chunk into one buffer, combined
+// over the group (one all-gather per block), turned into d loss / d cos in
+// place and multiplied into the unit-input and unit-weight gradients; the
+// normalisations' backward runs once at the end. Three GEMMs per row.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> margin_by_row_blocks(
+    const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target,
+    const MarginOptions& margin, const CrossEntropyOptions& options, const at::Tensor& kept,
+    const CrossEntropyForwardSetup& setup, int64_t block_rows, int64_t chunk_size,
+    const std::string& group, std::array<bool, 2> output_mask,
+    const CrossEntropyKernels& kernels) {
+  const int64_t rows = setup.target_flat.size(0);
+  const int64_t columns = setup.layout.local, features = weight.size(1);
+  const at::ScalarType acc = setup.acc;
+  NormalizedRows x = normalize_rows(x_rows(input, rows));
+  const at::Tensor w = weight.contiguous();
+  CrossEntropyOptions summed = options;
+  summed.reduction = 2;  // unscaled: backward applies the upstream gradient and the mean
+  const at::Tensor one = at::ones({}, x.unit.options().dtype(at::kDouble));
+  const at::Tensor target_flat = target.reshape({rows});
+  const bool compute = columns > 0 && setup.check.code == LocalCheck::kOk;
+
+  at::Tensor grad_unit, grad_weight;
+  if (output_mask[0]) grad_unit = at::zeros({rows, features}, x.unit.options().dtype(acc));
+  if (output_mask[1]) grad_weight = at::empty({columns, features}, w.options());
+  std::vector<at::Tensor> saved_blocks;
+  std::shared_ptr<comm::CommHandle> pending_reduce;
+  for (int64_t begin = 0; begin < rows; begin += block_rows) {
+    const int64_t count = std::min(block_rows, rows - begin);
+    const CrossEntropyForwardSetup block = rows_of_setup(setup, begin, count);
+    const at::Tensor xb = x.unit.narrow(0, begin, count);
+    at::Tensor stats = fresh_row_stats(count, block, input.device());
+    at::Tensor values, slope;
+    if (compute) {
+      values = at::empty({count, columns}, xb.options());
+      slope = at::zeros({count}, xb.options().dtype(at::kDouble));
+      for (int64_t c0 = 0; c0 < columns; c0 += chunk_size) {
+        const int64_t width = std::min(chunk_size, columns - c0);
+        const MarginChunk chunk = margin_chunk(xb, w, kept, c0, width, block.target_local, margin);
+        values.narrow(1, c0, width).copy_(chunk.logits);
+        slope = at::where(chunk.at_target.here, chunk.target_slope, slope);
+      }
+      kernels.accumulate_row_stats(values, 0, block.target_local, at::Tensor(), stats,
+                                   at::Tensor());
+    }
+    saved_blocks.push_back(combine_over_group(block, stats, options, kWithGradients));
+    if (compute) {
+      const CrossEntropyBackwardSetup coefs = prepare_cross_entropy_backward(
+          one, saved_blocks.back(), target_flat.narrow(0, begin, count), std::nullopt, summed,
+          weight.size(0), acc, kWithGradients);
+      // block.target_local: the targets among the loss's columns (kept ones).
+      kernels.softmax_grad_inplace(values, 0, block.target_local, at::Tensor(), coefs.coefs);
+      update_target_entries_(values, target_columns(block.target_local, 0, columns),
+                             [&](const at::Tensor& g) { return g.to(at::kDouble) * slope; });
+      values.mul_(margin.scale);
+      for (int64_t c0 = 0; c0 < columns; c0 += chunk_size) {
+        const int64_t width = std::min(chunk_size, columns - c0);
+        const at::Tensor g = values.narrow(1, c0, width);
+        if (output_mask[0]) {
+          const at::Tensor w_unit = normalize_rows(weight_rows_of(w, kept, c0, width)).unit;
+          at::Tensor rows_of_grad = grad_unit.narrow(0, begin, count);
+          if (g.scalar_type() == acc) {
+            rows_of_grad.addmm_(g, w_unit);
+          } else {
+            rows_of_grad.add_(at::mm(g, w_unit));
+          }
+        }
+        if (output_mask[1]) {
+          at::Tensor rows_of_grad = grad_weight.narrow(0, c0, width);
+          if (begin == 0) {
+            at::mm_out(rows_of_grad, g.t(), xb);
+          } else {
+            rows_of_grad.addmm_(g.t(), xb);
+          }
+        }
+      }
+    }
+    // Each rank's classes contribute a part; the sum travels while the last
+    // weight rows are normalised back.
+    if (begin + count >= rows && output_mask[0]) {
+      pending_reduce =
+          comm::communicator_for(group, input.device(), kWithGradients)->all_reduce_async(grad_unit);
+    }
+  }
+  if (output_mask[1] && compute) {
+    for (int64_t c0 = 0; c0 < columns; c0 += chunk_size) {
+      const int64_t width = std::min(chunk_size, columns - c0);
+      at::Tensor rows_of_grad = grad_weight.narrow(0, c0, width);
+      normalize_backward_(rows_of_grad, normalize_rows(weight_rows_of(w, kept, c0, width)));
+    }
+  }
+  at::Tensor grad_input;
+  if (output_mask[0]) {
+    pending_reduce->wait();
+    normalize_backward_(grad_unit, x);
+    grad_input = grad_unit.to(input.scalar_type()).view(input.sizes());
+  }
+  at::Tensor saved = join_saved_row_blocks(saved_blocks);
+  at::Tensor loss = reduce_loss(saved, target, options, input.scalar_type());
+  return {loss, saved, grad_input, grad_weight};
 }
 
 }  // namespace
@@ -281,6 +393,55 @@ std::tuple<at::Tensor, at::Tensor> parallel_linear_margin_cross_entropy_backward
     grad_input = grad_unit.to(input.scalar_type()).view(input.sizes());
   }
   return {grad_input, grad_weight};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+parallel_linear_margin_cross_entropy_forward_with_gradients_impl(
+    const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target,
+    const MarginOptions& margin, const CrossEntropyOptions& options,
+    const std::optional<at::Tensor>& sampled_classes, int64_t chunk_size, const std::string& group,
+    std::optional<int64_t> num_classes, std::array<bool, 2> output_mask,
+    const CrossEntropyKernels& kernels) {
+  check_parallel_linear_margin_cross_entropy_args(input, weight, target, margin, options,
+                                                  sampled_classes, chunk_size, kWithGradients);
+  TORCH_CHECK(options.reduction != 0, kWithGradients,
+              ": needs reduction mean or sum (a scalar loss), got reduction none");
+  const int64_t rows = leading_rows(input).guard_int(__FILE__, __LINE__);
+  CrossEntropyForwardSetup setup =
+      prepare_cross_entropy_forward(group, input.device(), input.scalar_type(), weight.size(0),
+                                    num_classes, target, std::nullopt, options, kWithGradients);
+  at::Tensor kept;
+  if (is_sampled(sampled_classes)) {
+    kept = sampled_classes->contiguous();
+    use_kept_classes(setup, kept);
+  }
+  // Decided from the most columns any rank brings, so that every rank makes
+  // the same collectives: the largest shard, or with sampling (where ranks
+  // keep different counts) the largest count kept, one tiny all-gather.
+  int64_t most_columns = 0;
+  if (kept.defined()) {
+    for (int64_t n : comm::exchange_sizes(*setup.communicator, setup.layout.local, input.device())) {
+      most_columns = std::max(most_columns, n);
+    }
+  } else {
+    most_columns = topology::shard_size(setup.layout.num_classes, setup.communicator->size(), 0);
+  }
+  const int64_t block_rows =
+      parallel_linear_cross_entropy_gradient_block_rows(rows, most_columns, chunk_size);
+  if (block_rows > 0) {
+    return margin_by_row_blocks(input, weight, target, margin, options, kept, setup, block_rows,
+                                chunk_size, group, output_mask, kernels);
+  }
+  // Blocks would be too thin: the logits computed twice, chunk by chunk.
+  auto [loss, saved] = parallel_linear_margin_cross_entropy_forward_impl(
+      input, weight, target, margin, options, sampled_classes, chunk_size, group,
+      setup.layout.num_classes, kernels);
+  CrossEntropyOptions summed = options;
+  summed.reduction = 2;
+  auto [grad_input, grad_weight] = parallel_linear_margin_cross_entropy_backward_impl(
+      at::ones({}, input.options().dtype(at::kDouble)), input, weight, saved, target, margin,
+      summed, sampled_classes, chunk_size, group, output_mask, kernels);
+  return {loss, saved, grad_input, grad_weight};
 }
 
 }  // namespace ops

@@ -34,5 +34,15 @@ std::tuple<at::Tensor, at::Tensor> parallel_linear_margin_cross_entropy_backward
     int64_t chunk_size, const std::string& group, std::array<bool, 2> output_mask,
     const CrossEntropyKernels& kernels);
 
+// -> (loss, row_stats, grad_input, grad_weight): the gradients of the summed
+// loss (reduction sum's, upstream gradient 1), each where output_mask asks.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+parallel_linear_margin_cross_entropy_forward_with_gradients_impl(
+    const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target,
+    const MarginOptions& margin, const CrossEntropyOptions& options,
+    const std::optional<at::Tensor>& sampled_classes, int64_t chunk_size, const std::string& group,
+    std::optional<int64_t> num_classes, std::array<bool, 2> output_mask,
+    const CrossEntropyKernels& kernels);
+
 }  // namespace ops
 }  // namespace shardtorch

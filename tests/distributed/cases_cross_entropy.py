@@ -229,13 +229,13 @@ def case_trains_like_unsharded():
 def case_fused_gradients_in_forward_by_blocks_and_recomputed():
     """The fused loss's two gradients-in-forward paths on ranks whose shards
     differ by one class, against the float64 reference: blocks of rows (2
-    ranks x 70,001 / 70,000 classes, 96 rows: 2**22 // 70001 = 59, so two
-    blocks of 48, one all-gather each) and, with 140,001 classes per rank
-    (blocks of 29 rows would be too thin), the logits computed twice in
+    ranks x 16,002 / 16,001 classes, 300 rows: 2**22 // 16002 = 262, so two
+    blocks of 150, one all-gather each) and, with 70,001 classes per rank
+    (blocks of 59 rows would be too thin), the logits computed twice in
     forward. Class weights, smoothing, z-loss, ignored rows."""
     if _size() != 2:  # the reference's whole logits are large: one world size is enough
         return
-    for rows, classes, reduction in ((96, 140001, "mean"), (40, 280001, "sum")):
+    for rows, classes, reduction in ((300, 32003, "mean"), (160, 140001, "sum")):
         g = torch.Generator().manual_seed(classes)
         x = torch.randn(rows, 3, dtype=torch.float64, generator=g)
         W = torch.randn(classes, 3, dtype=torch.float64, generator=g)

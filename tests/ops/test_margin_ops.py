@@ -113,17 +113,19 @@ def test_torch_compile_matches_eager():
     assert_compiled_matches_eager(step, (x0, w0))
 
 
-def test_peak_memory_does_not_grow_with_classes():
-    """Forward and backward of the margin loss at 2,048 and 16,384 classes:
-    beyond the weight gradient it must return, what the loss holds does not
-    depend on the class count (the control, cosine logits materialised, grows
-    by [rows, classes])."""
+def test_peak_memory_is_bounded_whatever_the_classes():
+    """Forward and backward of the margin loss at 256 rows: beyond the weight
+    gradient it must return, what the loss holds is at most a block of 2**22
+    logits (32768 classes: gradients in forward, two blocks of 128 rows) and
+    flat in the class count beyond (65536 and 131072: blocks would be too
+    thin, the logits are recomputed chunk by chunk); the control, cosine
+    logits materialised, grows by [rows, classes]."""
     torch.manual_seed(0)
-    rows, features, chunk = 64, 32, 256
+    rows, features, chunk = 256, 8, 2048
     x = torch.randn(rows, features, requires_grad=True)
     target = torch.randint(0, 2048, (rows,))
     fused, control = {}, {}
-    for classes in (2048, 16384):
+    for classes in (32768, 65536, 131072):
         w = torch.randn(classes, features, requires_grad=True)
 
         def run_fused():
@@ -134,14 +136,54 @@ def test_peak_memory_does_not_grow_with_classes():
             logits = torch.nn.functional.normalize(x) @ torch.nn.functional.normalize(w).t()
             torch.nn.functional.cross_entropy(logits * 64.0, target).backward()
 
-        for run, peaks in ((run_fused, fused), (run_control, control)):
+        runs = ((run_fused, fused), (run_control, control))
+        for run, peaks in runs if classes < 131072 else runs[:1]:
             run()
             w.grad = x.grad = None
             peaks[classes] = _peak_bytes_of(run) - w.numel() * w.element_size()
             w.grad = x.grad = None
-    assert control[16384] - control[2048] >= rows * (16384 - 2048) * 4, (fused, control)
-    assert fused[2048] > 0, fused
-    assert fused[16384] <= fused[2048] + 64 * 1024, (fused, control)
+    assert control[65536] - control[32768] >= rows * 32768 * 4, (fused, control)
+    # The block (2**22 float32), one chunk of it made before it is copied in,
+    # the CPU row passes' temporaries (1 MiB), per-row statistics.
+    block = (1 << 22) * 4
+    assert block <= fused[32768] <= block + 128 * chunk * 4 + (1 << 20) + (256 << 10), (fused, control)
+    assert 0 < fused[65536] <= rows * chunk * 4 * 8, fused
+    assert fused[131072] <= fused[65536] + 64 * 1024, (fused, control)
+
+
+@pytest.mark.parametrize("rows,classes,sampled", [
+    (400, 16000, False),  # two blocks of rows (2**22 // 16000 = 262 of 400)
+    (400, 16000, True),   # sampled: the kept count decides (about 5,400: one block of all rows)
+    (160, 70000, False),  # blocks would be 59 rows: the logits computed twice in forward
+])
+def test_gradients_in_forward_paths_match_reference_float64(world_of_one, rows, classes, sampled):
+    """The margin loss's gradients-in-forward paths against the float64
+    formulas on the whole logits, with an ignored row, smoothing and an
+    upstream gradient that is not 1; sampled: restricted to the kept classes,
+    the sparse weight gradient holding exactly the kept rows."""
+    x, w, target = _inputs(rows=rows, classes=classes, features=5, seed=classes)
+    target[3] = -100
+    margins = (1.2, 0.3, 0.1)
+    kept = None
+    if sampled:
+        g = torch.Generator().manual_seed(1)
+        others = torch.randperm(classes, generator=g)[:5000]
+        kept = torch.unique(torch.cat([target[target >= 0], others]))
+    x_a, w_a = x.clone().requires_grad_(), w.clone().requires_grad_()
+    loss = ts.nn.functional.parallel_margin_cross_entropy(x_a, w_a, target, 16.0, margins, label_smoothing=0.1,
+                                                          sampled_classes=kept, chunk_size=4096)
+    (1.5 * loss).backward()
+    x_r, w_r = x.clone().requires_grad_(), w.clone().requires_grad_()
+    ref = margin_cross_entropy_reference(x_r, w_r, target, 16.0, margins, label_smoothing=0.1,
+                                         kept_classes=kept)
+    (1.5 * ref).backward()
+    torch.testing.assert_close(loss, ref, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(x_a.grad, x_r.grad, rtol=1e-9, atol=1e-12)
+    if sampled:
+        assert w_a.grad.is_sparse and torch.equal(w_a.grad.coalesce().indices()[0], kept)
+        torch.testing.assert_close(w_a.grad.to_dense(), w_r.grad, rtol=1e-9, atol=1e-12)
+    else:
+        torch.testing.assert_close(w_a.grad, w_r.grad, rtol=1e-9, atol=1e-12)
 
 
 def test_autocast_runs_the_margin_loss_in_float32():
