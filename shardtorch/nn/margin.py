@@ -10,6 +10,8 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 
 from .. import _C
 from ..distributed import state
@@ -108,6 +110,7 @@ class ParallelMarginLoss(nn.Module):
     def forward(self, embeddings: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         sampled = None
         if self.training and self.sample_rate < 1.0:
+            self._check_not_fully_sharded()
             sampled = self.sample_classes(target)
             self.last_sampled_classes = sampled
         else:
@@ -116,6 +119,18 @@ class ParallelMarginLoss(nn.Module):
             embeddings, self.weight, target, self.scale, self.margins, self.easy_margin,
             self.ignore_index, self.reduction, self.label_smoothing, sampled, self.chunk_size,
             self.group, self.num_classes)
+
+    def _check_not_fully_sharded(self) -> None:
+        # Every rank has the same sample_rate and wrapping, so every rank
+        # raises here, before any collective.
+        if isinstance(self, FSDPModule) or isinstance(self.weight, DTensor):
+            raise RuntimeError(
+                f"ParallelMarginLoss: class sampling (sample_rate={self.sample_rate}) cannot train under "
+                f"fully_shard (FSDP2): its weight gradient is row-sparse (the kept classes' rows only, so that "
+                f"rows not kept and their optimizer state do not move), and FSDP2 reduce-scatters dense "
+                f"gradients only; a dense one would give the rows not kept a zero gradient that momentum and "
+                f"Adam act on. Under fully_shard use sample_rate=1.0; train with sampling without fully_shard "
+                f"(eval mode, which uses every class, works under it)")
 
     @torch.no_grad()
     def sample_classes(self, target: torch.Tensor) -> torch.Tensor:
