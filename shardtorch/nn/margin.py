@@ -19,6 +19,7 @@ from ..utils.parallel_dim import set_attribute
 from ..utils.shard_facts import register_shard
 from ..utils.shards import shard_range
 from . import functional as TF
+from .class_sampling import draw_kept_classes
 from .embedding_init import CHUNK_ELEMENTS
 from .init import draw_on_cpu_
 
@@ -147,15 +148,14 @@ class ParallelMarginLoss(nn.Module):
         self.sampling_step.fill_(step + 1)
         if positives.numel() >= keep:
             return positives.to(torch.int64)
-        # PartialFC's draw: uniform scores, positives above every score, the
-        # top `keep` taken. The generator depends on the seed, the shard and
-        # the step only: the same on every data-parallel replica of a shard.
+        # PartialFC's distribution (the positives and uniformly drawn others),
+        # drawn in time that scales with `keep` (class_sampling.py). The
+        # generator depends on the seed, the shard and the step only: the
+        # same on every data-parallel replica of a shard.
         device = self.weight.device
         generator = torch.Generator(device=device)
         generator.manual_seed(_mix(self.seed, self.group_rank, step))
-        score = torch.rand(local, generator=generator, device=device)
-        score[positives.to(device)] = 2.0
-        return score.topk(keep).indices.sort().values
+        return draw_kept_classes(local, keep, positives.to(device), generator)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, num_classes={self.num_classes}, scale={self.scale}, "
