@@ -243,5 +243,6 @@ def case_row_sparse_misshapen_row_state_fails_on_every_rank():
                  f"state 'row_step' of shape ({rows + 1},) is neither shaped like the shard, one value per "
                  f"row ({rows}), nor a scalar")
     # Still in step: the good state loads and collects back exactly.
-    optimizer.load_state_dict(ts.relocate_optimizer_state_dict(model, optimizer, full if dist.get_rank() == 0 else None))
+    on_src = full if dist.get_rank() == 0 else None
+    optimizer.load_state_dict(ts.relocate_optimizer_state_dict(model, optimizer, on_src))
     assert max_error(ts.collect_optimizer_state_dict(model, optimizer), full, "after errors") == 0.0

@@ -51,7 +51,7 @@ def test_every_subset_of_the_others_is_equally_likely(local, keep, positives):
     others = [c for c in range(local) if c not in positives]
     subsets = list(itertools.combinations(others, keep - len(positives)))
     counts = _subset_counts(local, keep, positives, draws)
-    assert set(counts) <= set(subsets), f"subsets drawn that are not subsets of the others: {set(counts) - set(subsets)}"
+    assert set(counts) <= set(subsets), f"drawn, but not subsets of the others: {set(counts) - set(subsets)}"
     expected = draws / len(subsets)
     chi2 = sum((counts.get(s, 0) - expected) ** 2 / expected for s in subsets)
     # Chi-square with len(subsets) - 1 degrees of freedom: mean k, sd sqrt(2k); 6 sd is never reached by chance.
