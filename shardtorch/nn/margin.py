@@ -10,6 +10,8 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 
 from .. import _C
 from ..distributed import state
@@ -17,6 +19,7 @@ from ..utils.parallel_dim import set_attribute
 from ..utils.shard_facts import register_shard
 from ..utils.shards import shard_range
 from . import functional as TF
+from .class_sampling import draw_kept_classes
 from .embedding_init import CHUNK_ELEMENTS
 from .init import draw_on_cpu_
 
@@ -108,6 +111,7 @@ class ParallelMarginLoss(nn.Module):
     def forward(self, embeddings: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         sampled = None
         if self.training and self.sample_rate < 1.0:
+            self._check_not_fully_sharded()
             sampled = self.sample_classes(target)
             self.last_sampled_classes = sampled
         else:
@@ -116,6 +120,18 @@ class ParallelMarginLoss(nn.Module):
             embeddings, self.weight, target, self.scale, self.margins, self.easy_margin,
             self.ignore_index, self.reduction, self.label_smoothing, sampled, self.chunk_size,
             self.group, self.num_classes)
+
+    def _check_not_fully_sharded(self) -> None:
+        # Every rank has the same sample_rate and wrapping, so every rank
+        # raises here, before any collective.
+        if isinstance(self, FSDPModule) or isinstance(self.weight, DTensor):
+            raise RuntimeError(
+                f"ParallelMarginLoss: class sampling (sample_rate={self.sample_rate}) cannot train under "
+                f"fully_shard (FSDP2): its weight gradient is row-sparse (the kept classes' rows only, so that "
+                f"rows not kept and their optimizer state do not move), and FSDP2 reduce-scatters dense "
+                f"gradients only; a dense one would give the rows not kept a zero gradient that momentum and "
+                f"Adam act on. Under fully_shard use sample_rate=1.0; train with sampling without fully_shard "
+                f"(eval mode, which uses every class, works under it)")
 
     @torch.no_grad()
     def sample_classes(self, target: torch.Tensor) -> torch.Tensor:
@@ -132,15 +148,14 @@ class ParallelMarginLoss(nn.Module):
         self.sampling_step.fill_(step + 1)
         if positives.numel() >= keep:
             return positives.to(torch.int64)
-        # PartialFC's draw: uniform scores, positives above every score, the
-        # top `keep` taken. The generator depends on the seed, the shard and
-        # the step only: the same on every data-parallel replica of a shard.
+        # PartialFC's distribution (the positives and uniformly drawn others),
+        # drawn in time that scales with `keep` (class_sampling.py). The
+        # generator depends on the seed, the shard and the step only: the
+        # same on every data-parallel replica of a shard.
         device = self.weight.device
         generator = torch.Generator(device=device)
         generator.manual_seed(_mix(self.seed, self.group_rank, step))
-        score = torch.rand(local, generator=generator, device=device)
-        score[positives.to(device)] = 2.0
-        return score.topk(keep).indices.sort().values
+        return draw_kept_classes(local, keep, positives.to(device), generator)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, num_classes={self.num_classes}, scale={self.scale}, "

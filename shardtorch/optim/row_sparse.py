@@ -26,6 +26,26 @@ def _as_rows(t: torch.Tensor) -> torch.Tensor:
 
 class _RowSparseOptimizer(torch.optim.Optimizer):
     _state_names: Tuple[str, ...] = ()
+    #: State with one value per parameter row, [rows] (checkpoints split it like the rows).
+    row_state_keys: Tuple[str, ...] = ("row_step",)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """torch's load_state_dict, except that ``row_step`` stays int64:
+        torch casts every state tensor but ``step`` to a floating parameter's
+        dtype, and a count in bfloat16 would lose steps past 256."""
+        steps, state = {}, {}
+        for index, values in state_dict["state"].items():
+            if "row_step" in values:
+                steps[index] = values["row_step"]
+            state[index] = {k: v for k, v in values.items() if k != "row_step"}
+        super().load_state_dict({**state_dict, "state": state})
+        saved_ids = [i for group in state_dict["param_groups"] for i in group["params"]]
+        params = [p for group in self.param_groups for p in group["params"]]
+        for index, p in zip(saved_ids, params):
+            if index in steps:
+                loaded = self.state[p]
+                # row_step first, as _state_of builds it.
+                self.state[p] = {"row_step": steps[index].to(device=p.device, dtype=torch.int64), **loaded}
 
     def _rows_and_grad(self, p: torch.Tensor):
         """(row indices or None for all, gradient rows [n, rest])."""

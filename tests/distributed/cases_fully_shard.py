@@ -6,7 +6,8 @@ the same seed and compares its slice of every parameter, gathered over the
 data-parallel mesh). Checkpoints: every function that reads the shard facts
 (collect/relocate, save_sharded/load_sharded, DCP, optimizer state, the DDP
 wrapper, converters, the fused loss) on fully_shard-ed models, against the
-unsharded reference or the run that was not interrupted. One launch runs
+unsharded reference or the run that was not interrupted; a ParallelMarginLoss
+head (cases_margin_fully_shard.py). One launch runs
 all cases (test_fully_shard.py); ``case_hand_off_to_two_ranks`` also leaves a
 checkpoint in SHARDTORCH_FSDP_HANDOFF that the 2-rank launch
 (cases_fully_shard_resume.py) loads under DDP x TP.
@@ -25,6 +26,8 @@ from torch.distributed.tensor import DTensor
 
 import shardtorch as ts
 from tests.distributed import checkpoint_models
+from tests.distributed.cases_margin_fully_shard import (  # noqa: F401  (run in this launch)
+    case_margin_loss_head_trains_like_the_unsharded_model, case_margin_loss_sampling_under_fully_shard_is_refused)
 from tests.distributed.cases_data_parallel import IN_FEATURES, NUM_CLASSES, Net, _local_batch, _make_optimizer
 from tests.reference import expect_error, split_range
 

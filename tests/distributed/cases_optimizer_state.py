@@ -4,7 +4,8 @@ A launch at size A trains K_STEPS with each optimizer, checks the collected
 model and optimizer state against the unsharded float64 reference, and saves
 (collected files and save_sharded). A later launch at size B loads them into a
 fresh model and optimizer, trains M_STEPS more and checks everything against
-the uninterrupted unsharded run. Errors go to SHARDTORCH_CKPT_DIR/errors-*.json."""
+the uninterrupted unsharded run. Errors go to SHARDTORCH_CKPT_DIR/errors-*.json. The row-sparse optimizers'
+state (shardtorch.optim) runs in the same launches (cases_row_sparse_state.py)."""
 import json
 import os
 
@@ -17,6 +18,9 @@ import shardtorch as ts
 from tests.distributed.optimizer_models import (FRESH_SEED, K_STEPS, M_STEPS, OPTIMIZERS, SAVED_SEED, build,
                                                 make_optimizer, max_error, reference, train)
 from tests.distributed.checkpoint_models import die_after_writing_shard_file
+from tests.distributed.cases_row_sparse_state import (  # noqa: F401  (run in these launches)
+    case_row_sparse_load_2, case_row_sparse_load_4, case_row_sparse_misshapen_row_state_fails_on_every_rank,
+    case_row_sparse_state_saves_and_resumes_bitwise)
 from tests.reference import expect_error
 
 TOLERANCE = 1e-12

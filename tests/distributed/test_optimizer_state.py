@@ -5,7 +5,9 @@ each loading what the previous one saved: 1 -> 2 -> 4 -> 2x2 -> 3 -> 1 (and a sa
 killed midway at 1, loaded at 2); at 2 and 3, torch.distributed.checkpoint.
 state_dict's FQN-keyed form goes out to and comes in from single-process torch
 (case_torch_fqn_state_round_trip); then the collected state continues in a
-plain single-process torch optimizer."""
+plain single-process torch optimizer. shardtorch.optim's RowSparseSGD / RowSparseAdam
+state (per-row steps) rides the same launches: saved at 2 and 4 and resumed
+bitwise at the same size, loaded at 4, 3 and 1 (cases_row_sparse_state.py)."""
 import glob
 import json
 import os
@@ -18,6 +20,7 @@ from tests.distributed.optimizer_models import (FRESH_SEED, K_STEPS, M_STEPS, OP
                                                 max_error, reference, train)
 
 MODULE = "tests.distributed.cases_optimizer_state"
+ROW_SPARSE_SAVE = "case_row_sparse_state_saves_and_resumes_bitwise"
 ERRORS = ["case_wrong_optimizer_state_fails_on_every_rank", "case_collect_refuses_disagreeing_ranks"]
 
 # (world, tensor-parallel size, cases), in the order they must run.
@@ -26,14 +29,16 @@ PHASES = {
     # Saves model and optimizer state, then dies (os._exit(17)) in the middle of a second save.
     "killed_save": (1, 1, ["case_save_with_optimizer_then_die_midway"]),
     "size2_from1": (2, 2, ["case_load_1", "case_train_check_and_save", "case_load_after_killed_save",
-                           "case_replicas_that_disagree_are_named_under_debug", "case_torch_fqn_state_round_trip"]
+                           "case_replicas_that_disagree_are_named_under_debug", "case_torch_fqn_state_round_trip",
+                           ROW_SPARSE_SAVE, "case_row_sparse_misshapen_row_state_fails_on_every_rank"]
                     + ERRORS),
-    "size4_from2": (4, 4, ["case_load_2", "case_train_check_and_save"] + ERRORS),
+    "size4_from2": (4, 4, ["case_load_2", "case_train_check_and_save", "case_row_sparse_load_2", ROW_SPARSE_SAVE]
+                    + ERRORS),
     "2x2_from4": (4, 2, ["case_load_4", "case_load_1", "case_train_check_and_save",
                          "case_zero_train_check_save_and_reload", "case_save_dcp_with_optimizer"]),
     "size3_from2x2": (3, 3, ["case_load_2x2", "case_load_zero_2x2", "case_load_dcp_with_optimizer_2x2",
-                             "case_train_check_and_save", "case_torch_fqn_state_round_trip"]),
-    "size1_from3": (1, 1, ["case_load_3", "case_load_2x2"]),
+                             "case_train_check_and_save", "case_torch_fqn_state_round_trip", "case_row_sparse_load_4"]),
+    "size1_from3": (1, 1, ["case_load_3", "case_load_2x2", "case_row_sparse_load_2"]),
 }
 
 

@@ -93,11 +93,13 @@ def describe(params: OptimizerParams, local: dict) -> Tuple[dict, Optional[str]]
         entry = params.layout.get(params.model_keys[index])
         kinds = {}
         for key, value in values.items():
-            kind = state_kind(value, param, entry)
+            row_state = str(key) in params.row_keys
+            kind = state_kind(value, param, entry, row_state)
             if kind is None:
+                rows = f", one value per row ({param.shape[0]})," if row_state else ""
                 problems.append(f"parameter {params.names[index]!r} (sharded along dim {entry.dim}, local shape "
                                 f"{tuple(param.shape)}): state {key!r} of shape {tuple(value.shape)} is neither "
-                                f"shaped like the shard nor a scalar, so it cannot be gathered")
+                                f"shaped like the shard{rows} nor a scalar, so it cannot be gathered")
                 continue
             kinds[str(key)] = [kind, str(value.dtype) if torch.is_tensor(value) else None]
             if debug() and kind in ("replicated", "value"):

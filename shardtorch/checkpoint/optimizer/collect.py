@@ -1,6 +1,5 @@
 """collect_optimizer_state_dict: the optimizer state of a sharded model as
 the same optimizer over the unsharded model holds it."""
-import dataclasses
 from typing import Dict, Optional
 
 import torch
@@ -10,7 +9,7 @@ from ..collect import _gather_everywhere, _gather_to
 from .checks import check_optimizer_kind
 from .forms import fqn_keyed
 from .local import local_and_agreed, tensor_parallel_group_of
-from .params import OptimizerParams
+from .params import SPLIT_KINDS, OptimizerParams, split_state_entry
 
 
 def collect_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -64,11 +63,12 @@ def collect_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim.
             continue
         out = {}
         for key, value in local["state"][index].items():
-            if kinds[str(key)][0] != "sharded":
+            kind = kinds[str(key)][0]
+            if kind not in SPLIT_KINDS:
                 out[key] = value
                 continue
-            entry = dataclasses.replace(params.entry(index), key=f"{params.names[index]}:{key}",
-                                        dtype=value.dtype, device=value.device)
+            entry = split_state_entry(params.entry(index), kind, f"{params.names[index]}:{key}",
+                                      value.dtype, value.device)
             full = _gather_everywhere(value, entry) if dst is None else _gather_to(value, entry, dst)
             if receives:
                 out[key] = full

@@ -3,7 +3,6 @@ formats (sharded files and DCP): each state tensor an entry
 ``optimizer/<parameter name>/<key>`` laid out like its parameter (sharded or
 replicated), and one meta object with the optimizer class, the groups, the
 names and the scalar state (step), from which a loader plans as relocate does."""
-import dataclasses
 from typing import Dict
 
 import torch
@@ -11,7 +10,7 @@ import torch
 from ..layout import EntryLayout
 from .checks import check_optimizer_kind
 from .local import local_and_agreed, tensor_parallel_group_of
-from .params import OptimizerParams, class_name
+from .params import SPLIT_KINDS, OptimizerParams, class_name, split_state_entry
 from .plan import plan_from_full_state
 
 
@@ -44,9 +43,8 @@ def optimizer_entries(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                 values.setdefault(name, []).append((key, value))
                 continue
             ek = entry_key(name, key)
-            if kind == "sharded":
-                layouts[ek] = dataclasses.replace(params.entry(index), key=ek, local_shape=tuple(value.shape),
-                                                  dtype=value.dtype, device=value.device)
+            if kind in SPLIT_KINDS:
+                layouts[ek] = split_state_entry(params.entry(index), kind, ek, value.dtype, value.device)
             else:
                 shape = tuple(value.shape)
                 layouts[ek] = EntryLayout(ek, shape, shape, value.dtype, value.device)

@@ -1,7 +1,8 @@
 """The optimizer's parameters as the unsharded model names them, and what
 kind each piece of their state is (sharded like its parameter, replicated, or
 one plain value)."""
-from typing import Dict, List, Optional
+import dataclasses
+from typing import Dict, FrozenSet, List, Optional
 
 import torch
 
@@ -20,6 +21,13 @@ def is_zero(optimizer) -> bool:
 def class_name(optimizer) -> str:
     """The optimizer that keeps the state (ZeroRedundancyOptimizer's inner one)."""
     return type(optimizer.optim).__name__ if is_zero(optimizer) else type(optimizer).__name__
+
+
+def row_state_keys(optimizer) -> FrozenSet[str]:
+    """State keys that the optimizer keeps one value per parameter row of, as
+    [rows] tensors (shardtorch.optim's ``row_step``): its ``row_state_keys``."""
+    inner = optimizer.optim if is_zero(optimizer) else optimizer
+    return frozenset(getattr(inner, "row_state_keys", ()))
 
 
 def hyperparameters(group: dict) -> dict:
@@ -55,6 +63,7 @@ class OptimizerParams:
                 self.model_keys.append(keys[id(param)])
             self.groups.append(indices)
         self.unknown = unknown
+        self.row_keys = row_state_keys(optimizer)
         self.layout: Dict[str, EntryLayout] = {}
 
     def read_layout(self, model, layout: Optional[Dict[str, EntryLayout]] = None) -> None:
@@ -82,15 +91,35 @@ class OptimizerParams:
         return result
 
 
-def state_kind(value, param: torch.Tensor, entry: Optional[EntryLayout]) -> Optional[str]:
+#: Kinds of state tensors split over the parameter's group (the others are
+#: kept whole: "replicated", or one "value").
+SPLIT_KINDS = ("sharded", "rows")
+
+
+def state_kind(value, param: torch.Tensor, entry: Optional[EntryLayout], row_state: bool = False) -> Optional[str]:
     """How one state value of ``param`` travels: "value" (a 0-d tensor or a
     non-tensor, kept as one), "replicated", "sharded" (shaped like a sharded
-    parameter's shard), or None: a tensor of a sharded parameter that is
-    neither, which cannot be classified."""
+    parameter's shard), "rows" (``row_state``, one value per row of a
+    parameter split along dim 0: split like its rows; per-row state of a
+    parameter split along another dim is the same on every rank, replicated),
+    or None: a tensor of a sharded parameter that is none of these, which
+    cannot be classified."""
     if not torch.is_tensor(value) or value.dim() == 0:
         return "value"
     if entry is None or not entry.sharded:
         return "replicated"
     if tuple(value.shape) == tuple(param.shape):
         return "sharded"
+    if row_state and param.dim() >= 1 and tuple(value.shape) == tuple(param.shape[:1]):
+        return "rows" if entry.dim == 0 else "replicated"
     return None
+
+
+def split_state_entry(entry: EntryLayout, kind: str, key: str, dtype: torch.dtype,
+                      device: torch.device) -> EntryLayout:
+    """The layout of a state tensor of a SPLIT_KINDS ``kind`` of the parameter
+    laid out as ``entry``: the parameter's own, or (rows) that of its dim 0."""
+    if kind == "rows":
+        return EntryLayout(key, entry.local_shape[:1], entry.full_shape[:1], dtype, device, 0, entry.group,
+                           entry.group_rank, entry.group_size)
+    return dataclasses.replace(entry, key=key, dtype=dtype, device=device)

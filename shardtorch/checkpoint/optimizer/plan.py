@@ -2,7 +2,6 @@
 dict on one rank, or a checkpoint's description of one) checked against this
 optimizer and the model, then one loop that builds this rank's state dict from
 wherever the tensors come from (relocate, sharded files, DCP)."""
-import dataclasses
 from typing import Callable, Dict, Optional
 
 import torch
@@ -12,7 +11,7 @@ from ..fully_sharded import dtensor_spec, in_model_form
 from ..layout import EntryLayout
 from ..verify import strip_ddp_prefix
 from .forms import StateDictFormError, flattened_hint, indexed
-from .params import PARAM_KEYS, OptimizerParams, class_name, is_zero
+from .params import PARAM_KEYS, SPLIT_KINDS, OptimizerParams, class_name, is_zero, split_state_entry
 
 #: State keys torch's optimizers keep per parameter: (always, only under some
 #: hyperparameters). Used to name an optimizer of another class, or partial state.
@@ -26,6 +25,11 @@ STATE_KEYS = {
                 {"step", "square_avg", "momentum_buffer", "grad_avg"}),
 }
 STATE_KEYS["AdamW"] = STATE_KEYS["Adam"]
+# shardtorch.optim's row-sparse optimizers (a row_step per row where they need one).
+STATE_KEYS["RowSparseSGD"] = (lambda g: {"momentum_buffer"} | ({"row_step"} if g.get("momentum", 0) and
+                                                                 g.get("dampening", 0) else set()),
+                              {"momentum_buffer", "row_step"})
+STATE_KEYS["RowSparseAdam"] = (lambda g: {"exp_avg", "exp_avg_sq", "row_step"}, {"exp_avg", "exp_avg_sq", "row_step"})
 
 _VARIANT_FLAGS = ("decoupled_weight_decay", "nesterov", "amsgrad", "centered")
 
@@ -138,9 +142,12 @@ def _plan_parameter(params: OptimizerParams, i: int, values: dict, saved_group: 
             plan[key] = ("value", value)
         elif tuple(value.shape) == tuple(entry.full_shape):
             plan[key] = ("sharded" if entry.sharded else "replicated", (value.dtype, tuple(value.shape)))
+        elif entry.sharded and str(key) in params.row_keys and tuple(value.shape) == tuple(entry.full_shape[:1]):
+            plan[key] = ("rows" if entry.dim == 0 else "replicated", (value.dtype, tuple(value.shape)))
         elif entry.sharded:
+            rows = f", one value per row ({entry.full_shape[0]})," if str(key) in params.row_keys else ""
             problems.append(f"parameter {name!r} state {key!r} has shape {tuple(value.shape)}, neither the "
-                            f"parameter's full shape {tuple(entry.full_shape)} nor a scalar")
+                            f"parameter's full shape {tuple(entry.full_shape)}{rows} nor a scalar")
             return None
         else:
             plan[key] = ("replicated", (value.dtype, tuple(value.shape)))
@@ -168,8 +175,8 @@ def load_state(params: OptimizerParams, plan: dict,
             dtype, shape = info
             entry_key = entry_keys.get(index, {}).get(key, f"{params.names[index]}/{key}")
             entry = params.entry(index)
-            if kind == "sharded":
-                entry = dataclasses.replace(entry, key=entry_key, dtype=dtype)
+            if kind in SPLIT_KINDS:
+                entry = split_state_entry(entry, kind, entry_key, dtype, entry.device)
             else:
                 entry = EntryLayout(entry_key, shape, shape, dtype, entry.device)
             out[key] = load_tensor(entry, index, key)
