@@ -164,6 +164,7 @@ def _rank_main(args):
 
 def _report(args, results):
     mib = 1024 * 1024
+    os.makedirs(args.out, exist_ok=True)
     base = {(r["batch"]): r["seconds"] for r in results["steps"]
             if r["method"] == "torch loss_parallel (DTensor)"}
     where = ("CPU ranks (Gloo, 1 thread each)" if args.device == "cpu" else "GPUs (NCCL)")
