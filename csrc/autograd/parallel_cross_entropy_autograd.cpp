@@ -165,10 +165,9 @@ at::Tensor parallel_linear_cross_entropy_autograd(
     double label_smoothing, double z_loss, int64_t reduction, int64_t chunk_size,
     const std::string& group, std::optional<int64_t> num_classes) {
   // Grad mode as the caller has it (forward runs with it off).
-  return ParallelLinearCrossEntropyFunction::apply(input, weight, bias, target, class_weight,
-                                                   ignore_index, label_smoothing, z_loss, reduction,
-                                                   chunk_size, group, num_classes,
-                                                   at::GradMode::is_enabled());
+  return ParallelLinearCrossEntropyFunction::apply(
+      input, weight, bias, target, class_weight, ignore_index, label_smoothing, z_loss, reduction,
+      chunk_size, group, num_classes, at::GradMode::is_enabled());
 }
 
 }  // namespace

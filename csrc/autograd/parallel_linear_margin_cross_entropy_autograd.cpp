@@ -45,8 +45,8 @@ class ParallelLinearMarginCrossEntropyFunction
     if (reduction != 0 && (type == at::kFloat || type == at::kDouble) && (mask[0] || mask[1])) {
       auto [loss, row_stats, grad_input, grad_weight] =
           ops::parallel_linear_margin_cross_entropy_forward_with_gradients(
-              input, weight, target, scale, m1, m2, m3, easy_margin, ignore_index,
-              label_smoothing, reduction, sampled_classes, chunk_size, group, num_classes, mask);
+              input, weight, target, scale, m1, m2, m3, easy_margin, ignore_index, label_smoothing,
+              reduction, sampled_classes, chunk_size, group, num_classes, mask);
       ctx->save_for_backward(
           {grad_input, grad_weight, row_stats, sampled_classes.value_or(at::Tensor())});
       ctx->saved_data["gradients_in_forward"] = true;
@@ -93,8 +93,8 @@ class ParallelLinearMarginCrossEntropyFunction
         if (saved[i].defined()) result[i] = keep ? saved[i].mul(scale) : saved[i].mul_(scale);
       }
       if (result[1].defined() && saved[3].defined()) {
-        result[1] = kept_rows_gradient(result[1], saved[3],
-                                       ctx->saved_data["weight_sizes"].toIntVector());
+        result[1] =
+            kept_rows_gradient(result[1], saved[3], ctx->saved_data["weight_sizes"].toIntVector());
       }
       return result;
     }

@@ -27,8 +27,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> by_row_bl
     const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
     const at::Tensor& target, const std::optional<at::Tensor>& class_weight,
     const CrossEntropyOptions& options, const CrossEntropyForwardSetup& setup, int64_t block_rows,
-    const std::string& group, std::array<bool, 3> output_mask,
-    const CrossEntropyKernels& kernels) {
+    const std::string& group, std::array<bool, 3> output_mask, const CrossEntropyKernels& kernels) {
   const int64_t rows = setup.target_flat.size(0);
   const int64_t local = weight.size(0), features = weight.size(1);
   const at::Tensor x = input.reshape({rows, features}).to(weight.scalar_type()).contiguous();
@@ -61,9 +60,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> by_row_bl
     }
     saved_blocks.push_back(combine_over_group(block, stats, options, kOp));
     if (values.defined()) {
-      const CrossEntropyBackwardSetup coefs =
-          prepare_cross_entropy_backward(one, saved_blocks.back(), target_flat.narrow(0, begin, count),
-                                         class_weight, summed, local, setup.acc, kOp);
+      const CrossEntropyBackwardSetup coefs = prepare_cross_entropy_backward(
+          one, saved_blocks.back(), target_flat.narrow(0, begin, count), class_weight, summed,
+          local, setup.acc, kOp);
       kernels.softmax_grad_inplace(values, 0, coefs.target_local, coefs.weight_local, coefs.coefs);
       // Summed over the block's rows without a class-sized temporary.
       if (grad_bias.defined()) grad_bias.addmv_(values.t(), at::ones({count}, values.options()));
@@ -78,7 +77,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> by_row_bl
     // Each rank's classes contribute a part of the input gradient; the sum
     // travels while the last block's weight gradient is computed.
     if (last && output_mask[0]) {
-      pending_reduce = comm::communicator_for(group, input.device(), kOp)->all_reduce_async(grad_input);
+      pending_reduce =
+          comm::communicator_for(group, input.device(), kOp)->all_reduce_async(grad_input);
     }
     if (values.defined() && output_mask[1]) {
       if (begin == 0) {
@@ -118,8 +118,7 @@ at::Tensor parallel_linear_cross_entropy_gradient_scale(const at::Tensor& grad_l
   const at::Tensor grad = grad_loss.reshape({}).to(row_stats.options());
   if (reduction != 1) return grad;
   const int64_t rows = row_stats.size(0) - 1;
-  const at::Tensor any_valid =
-      row_stats.narrow(0, 0, rows).select(1, kSavedValid).ne(0).any();
+  const at::Tensor any_valid = row_stats.narrow(0, 0, rows).select(1, kSavedValid).ne(0).any();
   const at::Tensor denominator = row_stats.select(0, rows).select(0, kTrailerDenominator);
   return at::where(any_valid, grad / denominator, at::zeros_like(grad));
 }

@@ -86,8 +86,8 @@ parallel_linear_margin_cross_entropy_forward_with_gradients(
                              "")
           .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
               const at::Tensor&, const at::Tensor&, const at::Tensor&, double, double, double,
-              double, bool, int64_t, double, int64_t, const OptTensor&, int64_t,
-              const std::string&, std::optional<int64_t>, std::array<bool, 2>)>();
+              double, bool, int64_t, double, int64_t, const OptTensor&, int64_t, const std::string&,
+              std::optional<int64_t>, std::array<bool, 2>)>();
   return op.call(input, weight, target, scale, m1, m2, m3, easy_margin, ignore_index,
                  label_smoothing, reduction, sampled_classes, chunk_size, group, num_classes,
                  output_mask);

@@ -194,8 +194,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> margin_by_row_blocks(
     const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target,
     const MarginOptions& margin, const CrossEntropyOptions& options, const at::Tensor& kept,
     const CrossEntropyForwardSetup& setup, int64_t block_rows, int64_t chunk_size,
-    const std::string& group, std::array<bool, 2> output_mask,
-    const CrossEntropyKernels& kernels) {
+    const std::string& group, std::array<bool, 2> output_mask, const CrossEntropyKernels& kernels) {
   const int64_t rows = setup.target_flat.size(0);
   const int64_t columns = setup.layout.local, features = weight.size(1);
   const at::ScalarType acc = setup.acc;
@@ -265,8 +264,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> margin_by_row_blocks(
     // Each rank's classes contribute a part; the sum travels while the last
     // weight rows are normalised back.
     if (begin + count >= rows && output_mask[0]) {
-      pending_reduce =
-          comm::communicator_for(group, input.device(), kWithGradients)->all_reduce_async(grad_unit);
+      pending_reduce = comm::communicator_for(group, input.device(), kWithGradients)
+                           ->all_reduce_async(grad_unit);
     }
   }
   if (output_mask[1] && compute) {
@@ -420,7 +419,8 @@ parallel_linear_margin_cross_entropy_forward_with_gradients_impl(
   // keep different counts) the largest count kept, one tiny all-gather.
   int64_t most_columns = 0;
   if (kept.defined()) {
-    for (int64_t n : comm::exchange_sizes(*setup.communicator, setup.layout.local, input.device())) {
+    for (int64_t n :
+         comm::exchange_sizes(*setup.communicator, setup.layout.local, input.device())) {
       most_columns = std::max(most_columns, n);
     }
   } else {

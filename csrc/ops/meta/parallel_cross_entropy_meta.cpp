@@ -102,9 +102,9 @@ fused_forward_with_gradients_meta(const at::Tensor& input, const at::Tensor& wei
   auto [loss, row_stats] =
       fused_forward_meta(input, weight, bias, target, class_weight, ignore_index, label_smoothing,
                          z_loss, reduction, chunk_size, group, num_classes);
-  auto [grad_input, grad_weight, grad_bias] = fused_backward_meta(
-      loss, input, weight, bias, row_stats, target, class_weight, ignore_index, label_smoothing,
-      z_loss, reduction, chunk_size, group, output_mask);
+  auto [grad_input, grad_weight, grad_bias] =
+      fused_backward_meta(loss, input, weight, bias, row_stats, target, class_weight, ignore_index,
+                          label_smoothing, z_loss, reduction, chunk_size, group, output_mask);
   return {loss, row_stats, grad_input, grad_weight, grad_bias};
 }
 

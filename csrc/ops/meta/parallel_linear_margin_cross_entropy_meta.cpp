@@ -58,16 +58,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward_with_gradient
     const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target, double scale,
     double m1, double m2, double m3, bool easy_margin, int64_t ignore_index, double label_smoothing,
     int64_t reduction, const std::optional<at::Tensor>& sampled_classes, int64_t chunk_size,
-    const std::string& group, std::optional<int64_t> num_classes,
-    std::array<bool, 2> output_mask) {
+    const std::string& group, std::optional<int64_t> num_classes, std::array<bool, 2> output_mask) {
   TORCH_CHECK(reduction != 0, kOp, ": gradients in forward need reduction mean or sum");
   auto [loss, row_stats] =
       forward_meta(input, weight, target, scale, m1, m2, m3, easy_margin, ignore_index,
                    label_smoothing, reduction, sampled_classes, chunk_size, group, num_classes);
-  auto [grad_input, grad_weight] =
-      backward_meta(loss, input, weight, row_stats, target, scale, m1, m2, m3, easy_margin,
-                    ignore_index, label_smoothing, reduction, sampled_classes, chunk_size, group,
-                    output_mask);
+  auto [grad_input, grad_weight] = backward_meta(
+      loss, input, weight, row_stats, target, scale, m1, m2, m3, easy_margin, ignore_index,
+      label_smoothing, reduction, sampled_classes, chunk_size, group, output_mask);
   return {loss, row_stats, grad_input, grad_weight};
 }
 
