@@ -1,14 +1,17 @@
 """The main job (examples/python/train_classifier.py) at small sizes on 2 CPU
-ranks: it learns, a resumed run continues exactly, and --help documents every flag;
-at 2 x 2, --fsdp trains like DDP."""
+ranks: it learns, a resumed run continues exactly, --help documents every flag,
+its held-out accuracy is torch.topk's on the gathered logits; at 2 x 2, --fsdp
+trains like DDP."""
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from tests.distributed.harness import REPO, run_script
 
@@ -97,3 +100,61 @@ def test_fsdp_trains_like_ddp_at_2x2(tmp_path):
             worst = max(worst, ((other - value).abs().max() / value.abs().max().clamp_min(1e-30)).item())
     print(f"largest relative parameter difference, --fsdp vs DDP at 2 x 2: {worst:.3g}")
     assert worst <= 1e-9, worst
+
+
+def test_eval_and_data_flags_are_checked(capsys):
+    program = _load_program()
+    for argv, fragment in ((["--eval-every", "-1"], "--eval-every must be 0 or a positive number of steps, got -1"),
+                           (["--eval-batch-size", "0"], "--eval-batch-size must be a positive number, got 0"),
+                           (["--active-classes", "0"], "--active-classes must be a positive number, got 0"),
+                           (["--classes", "10", "--active-classes", "11"],
+                            "--active-classes must be at most --classes=10, got 11")):
+        with pytest.raises(SystemExit):
+            program.parse_args(argv)
+        assert fragment in capsys.readouterr().err
+
+
+def test_heldout_accuracy_is_torch_topk_of_the_gathered_cosine_logits(tmp_path):
+    """Without --active-classes the data has steps x global batch / 16
+    distinct classes, spread over both shards; the evaluations come before the
+    first step, every --eval-every steps and after the last; and the last one's
+    top-1 / top-5 equal torch.topk of the full cosine logits of the dumped
+    final model on the held-out batch, computed here in float64."""
+    at = SMALL.index("--active-classes")
+    small = SMALL[:at] + SMALL[at + 2:]
+    dump = tmp_path / "final.pt"
+    steps, batch, classes = 16, 16, 3001
+    results = run_script(PROGRAM, 2, [*small, "--steps", str(steps), "--eval-every", "6", "--dtype", "float64",
+                                      "--loss", "arcface", "--sample-rate", "0.5", "--margin-scale", "16", "--dump-params", dump],
+                         timeout=600)
+    for code, output in results:
+        assert code == 0, output[-4000:]
+    output = results[0][1]
+    active = steps * 2 * batch // 16
+    assert f"data: {active:,} distinct classes of {classes:,}" in output, output[-3000:]
+    evals = re.findall(r"^eval after step (\d+): held-out top-1 ([0-9.]+) top-5 ([0-9.]+) \((\d+) samples\)$",
+                       output, re.M)
+    assert [int(s) for s, _, _, _ in evals] == [0, 6, 12, 16], output[-3000:]
+    assert int(evals[-1][3]) == 2 * batch
+
+    program = _load_program()
+    data = program.SyntheticPatterns(classes, active, 8, seed=0)
+    ids = data.class_ids
+    assert len(set(ids.tolist())) == active and ids.min() >= 0 and ids.max() < classes
+    assert (ids < (classes + 1) // 2).any() and (ids >= (classes + 1) // 2).any()  # both shards hold some
+    # The hybrid layout gathers rank 0's held-out samples, then rank 1's.
+    heldout = [data.heldout(replica, batch) for replica in (0, 1)]
+    images = torch.cat([x for x, _ in heldout]).double()
+    labels = torch.cat([y for _, y in heldout])
+    assert set(labels.tolist()) <= set(ids.tolist())
+    final = torch.load(dump, weights_only=True)
+    backbone = program.SmallCNN(64).double()
+    backbone.load_state_dict(final["backbone"])
+    backbone.eval()
+    with torch.no_grad():
+        cosine = F.normalize(backbone(images), dim=-1) @ F.normalize(final["head"]["weight"], dim=-1).t()
+    assert cosine.shape == (2 * batch, classes)
+    hits = cosine.topk(5, dim=-1).indices == labels.unsqueeze(-1)
+    top1, top5 = hits[:, 0].double().mean().item(), hits.any(-1).double().mean().item()
+    assert (float(evals[-1][1]), float(evals[-1][2])) == (pytest.approx(top1, abs=5e-4), pytest.approx(top5, abs=5e-4))
+    print(f"held-out after {steps} steps: top-1 {top1:.3f}, top-5 {top5:.3f} ({active} classes)")
