@@ -121,12 +121,13 @@ class ParallelLinearCrossEntropyFunction : public Function<ParallelLinearCrossEn
       TORCH_CHECK(!at::GradMode::is_enabled(),
                   "shard::parallel_linear_cross_entropy: differentiating its gradient "
                   "(create_graph=True) is not supported");
-      const at::Tensor scale = ops::parallel_linear_cross_entropy_gradient_scale(
-          grads[0], saved[3], ctx->saved_data["reduction"].toInt());
       // Scaled in place unless the graph is kept for another backward.
-      const bool keep = torch::autograd::get_current_graph_task_keep_graph();
+      const bool in_place = !torch::autograd::get_current_graph_task_keep_graph();
       for (int i = 0; i < 3; ++i) {
-        if (saved[i].defined()) result[i] = keep ? saved[i].mul(scale) : saved[i].mul_(scale);
+        if (saved[i].defined()) {
+          result[i] =
+              ops::parallel_linear_cross_entropy_apply_upstream(saved[i], grads[0], in_place);
+        }
       }
       return result;
     }

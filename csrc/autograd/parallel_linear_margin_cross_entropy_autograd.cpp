@@ -85,12 +85,13 @@ class ParallelLinearMarginCrossEntropyFunction
                   "shard::parallel_linear_margin_cross_entropy: differentiating its gradient "
                   "(create_graph=True) is not supported");
       auto saved = ctx->get_saved_variables();
-      const at::Tensor scale = ops::parallel_linear_cross_entropy_gradient_scale(
-          grads[0], saved[2], ctx->saved_data["reduction"].toInt());
       // Scaled in place unless the graph is kept for another backward.
-      const bool keep = torch::autograd::get_current_graph_task_keep_graph();
+      const bool in_place = !torch::autograd::get_current_graph_task_keep_graph();
       for (int i = 0; i < 2; ++i) {
-        if (saved[i].defined()) result[i] = keep ? saved[i].mul(scale) : saved[i].mul_(scale);
+        if (saved[i].defined()) {
+          result[i] =
+              ops::parallel_linear_cross_entropy_apply_upstream(saved[i], grads[0], in_place);
+        }
       }
       if (result[1].defined() && saved[3].defined()) {
         result[1] =

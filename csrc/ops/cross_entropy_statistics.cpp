@@ -334,6 +334,13 @@ at::Tensor join_saved_row_blocks(const std::vector<at::Tensor>& blocks) {
   return at::cat(rows, 0);
 }
 
+at::Tensor mean_divisor_factor(const at::Tensor& saved) {
+  const int64_t rows = saved.size(0) - 1;
+  const at::Tensor any_valid = saved.narrow(0, 0, rows).select(1, kSavedValid).ne(0).any();
+  const at::Tensor denominator = saved.select(0, rows).select(0, kTrailerDenominator);
+  return at::where(any_valid, denominator.reciprocal(), at::zeros_like(denominator));
+}
+
 at::Tensor reduce_loss(const at::Tensor& saved, const at::Tensor& target,
                        const CrossEntropyOptions& options, at::ScalarType out_type) {
   const int64_t rows = saved.size(0) - 1;

@@ -105,6 +105,10 @@ at::Tensor combine_over_group(const CrossEntropyForwardSetup& setup, const at::T
 CrossEntropyForwardSetup rows_of_setup(const CrossEntropyForwardSetup& setup, int64_t begin,
                                        int64_t count);
 at::Tensor join_saved_row_blocks(const std::vector<at::Tensor>& blocks);
+// 1 / the mean's divisor of saved row_stats (0 where every target is ignored,
+// whose gradients are 0, as torch's): a 0-d float64 tensor on its device,
+// for gradients summed over blocks of rows before the divisor was known.
+at::Tensor mean_divisor_factor(const at::Tensor& saved);
 
 // The loss from the saved row_stats, a fresh tensor of `out_type`.
 at::Tensor reduce_loss(const at::Tensor& saved, const at::Tensor& target,

@@ -18,7 +18,7 @@
 // - Gradients in forward (a float32/float64 classifier, reduction mean or
 //   sum, and autograd needs a gradient): the forward computes the input,
 //   weight and bias gradients too, and backward only scales them by the
-//   upstream gradient (and the mean's divisor). Where a block of rows holding
+//   upstream gradient (not at all for loss.backward()'s 1 on CPU). Where a block of rows holding
 //   all of the largest shard's classes fits the memory bound
 //   (parallel_linear_cross_entropy_gradient_block_rows > 0), each row's
 //   logits are computed once: three GEMMs, against four when they are
@@ -40,8 +40,8 @@
 //     target, class_weight, ignore_index, label_smoothing, z_loss, reduction,
 //     chunk_size, group, num_classes, bool[3] output_mask)
 //     -> (loss, row_stats, grad_input, grad_weight, grad_bias), the gradients
-//     of the summed loss (reduction sum's, upstream gradient 1); reduction
-//     must be mean or sum.
+//     of the loss for an upstream gradient of 1; reduction must be mean or
+//     sum.
 
 #include <ATen/core/Tensor.h>
 
@@ -90,13 +90,11 @@ parallel_linear_cross_entropy_forward_with_gradients(
     double label_smoothing, double z_loss, int64_t reduction, int64_t chunk_size,
     const std::string& group, std::optional<int64_t> num_classes, std::array<bool, 3> output_mask);
 
-// What the gradients of _parallel_linear_cross_entropy_forward_with_gradients
-// are multiplied by in backward: the upstream gradient, divided by the mean's
-// divisor for reduction mean (0 where every target is ignored, whose
-// gradients are 0, as torch's). A 0-d float64 tensor on row_stats' device.
-at::Tensor parallel_linear_cross_entropy_gradient_scale(const at::Tensor& grad_loss,
-                                                        const at::Tensor& row_stats,
-                                                        int64_t reduction);
+// A gradient of _parallel_linear_cross_entropy_forward_with_gradients (or of
+// the margin loss's) times the upstream gradient `grad_loss` (one value), in
+// place or not; returned as is where grad_loss is a CPU 1 (loss.backward()).
+at::Tensor parallel_linear_cross_entropy_apply_upstream(const at::Tensor& gradient,
+                                                        const at::Tensor& grad_loss, bool in_place);
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> parallel_linear_cross_entropy_backward(
     const at::Tensor& grad_loss, const at::Tensor& input, const at::Tensor& weight,

@@ -3,6 +3,8 @@
 #include "ops/parallel_linear_cross_entropy_impl.h"
 
 #include <ATen/ATen.h>
+#include <ATen/FunctionalTensorWrapper.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 
 #include <algorithm>
 #include <vector>
@@ -33,8 +35,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> by_row_bl
   const at::Tensor x = input.reshape({rows, features}).to(weight.scalar_type()).contiguous();
   const at::Tensor w = weight.contiguous();
   const bool with_bias = bias.has_value() && bias->defined();
-  CrossEntropyOptions summed = options;
-  summed.reduction = 2;  // unscaled gradients: backward applies the upstream gradient and the mean
+  // One block knows the mean's divisor when its coefficients are made; blocks
+  // sum their gradients and divide once at the end.
+  const bool one_block = block_rows >= rows;
+  CrossEntropyOptions coef_options = options;
+  if (!one_block) coef_options.reduction = 2;
   const at::Tensor one = at::ones({}, x.options().dtype(at::kDouble));
   const at::Tensor target_flat = target.reshape({rows});
 
@@ -61,7 +66,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> by_row_bl
     saved_blocks.push_back(combine_over_group(block, stats, options, kOp));
     if (values.defined()) {
       const CrossEntropyBackwardSetup coefs = prepare_cross_entropy_backward(
-          one, saved_blocks.back(), target_flat.narrow(0, begin, count), class_weight, summed,
+          one, saved_blocks.back(), target_flat.narrow(0, begin, count), class_weight, coef_options,
           local, setup.acc, kOp);
       kernels.softmax_grad_inplace(values, 0, coefs.target_local, coefs.weight_local, coefs.coefs);
       // Summed over the block's rows without a class-sized temporary.
@@ -90,6 +95,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> by_row_bl
   }
   if (pending_reduce) pending_reduce->wait();
   at::Tensor saved = join_saved_row_blocks(saved_blocks);
+  if (!one_block && options.reduction == 1) {
+    const at::Tensor factor = mean_divisor_factor(saved);
+    for (at::Tensor* g : {&grad_input, &grad_weight, &grad_bias}) {
+      if (g->defined()) g->mul_(factor);
+    }
+  }
   at::Tensor loss = reduce_loss(saved, target, options, input.scalar_type());
   if (grad_input.defined()) grad_input = grad_input.to(input.scalar_type()).view(input.sizes());
   if (grad_bias.defined()) grad_bias = grad_bias.to(w.scalar_type());
@@ -109,18 +120,21 @@ int64_t parallel_linear_cross_entropy_gradient_block_rows(int64_t rows, int64_t 
   return (rows + blocks - 1) / blocks;  // blocks of even size
 }
 
-at::Tensor parallel_linear_cross_entropy_gradient_scale(const at::Tensor& grad_loss,
-                                                        const at::Tensor& row_stats,
-                                                        int64_t reduction) {
+at::Tensor parallel_linear_cross_entropy_apply_upstream(const at::Tensor& gradient,
+                                                        const at::Tensor& grad_loss,
+                                                        bool in_place) {
   TORCH_CHECK(grad_loss.numel() == 1, "shard::parallel_linear_cross_entropy",
               ": the upstream gradient of a reduced loss must be one value, got shape ",
               grad_loss.sizes());
-  const at::Tensor grad = grad_loss.reshape({}).to(row_stats.options());
-  if (reduction != 1) return grad;
-  const int64_t rows = row_stats.size(0) - 1;
-  const at::Tensor any_valid = row_stats.narrow(0, 0, rows).select(1, kSavedValid).ne(0).any();
-  const at::Tensor denominator = row_stats.select(0, rows).select(0, kTrailerDenominator);
-  return at::where(any_valid, grad / denominator, at::zeros_like(grad));
+  // loss.backward()'s 1 on CPU, where reading it costs nothing: no pass over
+  // a weight-sized gradient. Not while torch.compile traces (the value is
+  // not known then).
+  const bool traced = c10::impl::TorchDispatchModeTLS::any_modes_set() ||
+                      grad_loss.unsafeGetTensorImpl()->is_python_dispatch() ||
+                      at::functionalization::impl::isFunctionalTensor(grad_loss);
+  if (!traced && grad_loss.is_cpu() && grad_loss.item<double>() == 1.0) return gradient;
+  const at::Tensor factor = grad_loss.reshape({});
+  return in_place ? gradient.mul_(factor) : gradient.mul(factor);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
@@ -152,11 +166,9 @@ parallel_linear_cross_entropy_forward_with_gradients_impl(
   auto [loss, saved] = parallel_linear_cross_entropy_forward_impl(
       input, weight, bias, target, class_weight, options, chunk_size, group,
       setup.layout.num_classes, kernels);
-  CrossEntropyOptions summed = options;
-  summed.reduction = 2;
   auto [grad_input, grad_weight, grad_bias] = parallel_linear_cross_entropy_backward_impl(
       at::ones({}, input.options().dtype(at::kDouble)), input, weight, bias, saved, target,
-      class_weight, summed, chunk_size, group, output_mask, kernels);
+      class_weight, options, chunk_size, group, output_mask, kernels);
   return {loss, saved, grad_input, grad_weight, grad_bias};
 }
 

@@ -32,8 +32,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> parallel_linear_cross_entropy_bac
     const CrossEntropyKernels& kernels);
 
 // -> (loss, row_stats, grad_input, grad_weight, grad_bias): the gradients of
-// the loss with reduction sum semantics and an upstream gradient of 1 (see
-// parallel_linear_cross_entropy.h), each where output_mask asks.
+// the loss for an upstream gradient of 1 (see parallel_linear_cross_entropy.h),
+// each where output_mask asks.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 parallel_linear_cross_entropy_forward_with_gradients_impl(
     const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,

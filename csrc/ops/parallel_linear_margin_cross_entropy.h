@@ -52,7 +52,7 @@
 //     label_smoothing, reduction, sampled_classes, chunk_size, group,
 //     num_classes, bool[2] output_mask)
 //     -> (loss, row_stats, grad_input, grad_weight), the gradients of the
-//     summed loss (reduction sum's, upstream gradient 1).
+//     loss for an upstream gradient of 1.
 
 #include <ATen/core/Tensor.h>
 

@@ -200,8 +200,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> margin_by_row_blocks(
   const at::ScalarType acc = setup.acc;
   NormalizedRows x = normalize_rows(x_rows(input, rows));
   const at::Tensor w = weight.contiguous();
-  CrossEntropyOptions summed = options;
-  summed.reduction = 2;  // unscaled: backward applies the upstream gradient and the mean
+  // One block knows the mean's divisor when its coefficients are made; blocks
+  // sum their gradients and divide once at the end.
+  const bool one_block = block_rows >= rows;
+  CrossEntropyOptions coef_options = options;
+  if (!one_block) coef_options.reduction = 2;
   const at::Tensor one = at::ones({}, x.unit.options().dtype(at::kDouble));
   const at::Tensor target_flat = target.reshape({rows});
   const bool compute = columns > 0 && setup.check.code == LocalCheck::kOk;
@@ -232,7 +235,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> margin_by_row_blocks(
     saved_blocks.push_back(combine_over_group(block, stats, options, kWithGradients));
     if (compute) {
       const CrossEntropyBackwardSetup coefs = prepare_cross_entropy_backward(
-          one, saved_blocks.back(), target_flat.narrow(0, begin, count), std::nullopt, summed,
+          one, saved_blocks.back(), target_flat.narrow(0, begin, count), std::nullopt, coef_options,
           weight.size(0), acc, kWithGradients);
       // block.target_local: the targets among the loss's columns (kept ones).
       kernels.softmax_grad_inplace(values, 0, block.target_local, at::Tensor(), coefs.coefs);
@@ -282,6 +285,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> margin_by_row_blocks(
     grad_input = grad_unit.to(input.scalar_type()).view(input.sizes());
   }
   at::Tensor saved = join_saved_row_blocks(saved_blocks);
+  if (!one_block && options.reduction == 1) {
+    const at::Tensor factor = mean_divisor_factor(saved);
+    for (at::Tensor* g : {&grad_input, &grad_weight}) {
+      if (g->defined()) g->mul_(factor);
+    }
+  }
   at::Tensor loss = reduce_loss(saved, target, options, input.scalar_type());
   return {loss, saved, grad_input, grad_weight};
 }
@@ -436,11 +445,9 @@ parallel_linear_margin_cross_entropy_forward_with_gradients_impl(
   auto [loss, saved] = parallel_linear_margin_cross_entropy_forward_impl(
       input, weight, target, margin, options, sampled_classes, chunk_size, group,
       setup.layout.num_classes, kernels);
-  CrossEntropyOptions summed = options;
-  summed.reduction = 2;
   auto [grad_input, grad_weight] = parallel_linear_margin_cross_entropy_backward_impl(
       at::ones({}, input.options().dtype(at::kDouble)), input, weight, saved, target, margin,
-      summed, sampled_classes, chunk_size, group, output_mask, kernels);
+      options, sampled_classes, chunk_size, group, output_mask, kernels);
   return {loss, saved, grad_input, grad_weight};
 }
 

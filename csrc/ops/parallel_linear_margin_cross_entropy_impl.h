@@ -34,8 +34,8 @@ std::tuple<at::Tensor, at::Tensor> parallel_linear_margin_cross_entropy_backward
     int64_t chunk_size, const std::string& group, std::array<bool, 2> output_mask,
     const CrossEntropyKernels& kernels);
 
-// -> (loss, row_stats, grad_input, grad_weight): the gradients of the summed
-// loss (reduction sum's, upstream gradient 1), each where output_mask asks.
+// -> (loss, row_stats, grad_input, grad_weight): the gradients of the loss for
+// an upstream gradient of 1, each where output_mask asks.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 parallel_linear_margin_cross_entropy_forward_with_gradients_impl(
     const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target,
