@@ -66,3 +66,34 @@ def test_sampled_classes_on_cuda():
     not_kept = torch.ones(501, dtype=torch.bool, device="cuda")
     not_kept[kept] = False
     assert not moved[not_kept].any() and moved[kept].all()
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-4)])
+@pytest.mark.parametrize("rows,classes,sampled", [
+    (400, 16000, False),  # gradients in forward by two blocks of rows
+    (400, 16000, True),   # sampled: one block over the kept classes
+    (160, 70000, False),  # blocks too thin: the logits computed twice in forward
+])
+def test_gradients_in_forward_paths_match_reference(dtype, tol, rows, classes, sampled):
+    g = torch.Generator().manual_seed(classes)
+    x = torch.randn(rows, 24, dtype=torch.float64, generator=g)
+    w = torch.randn(classes, 24, dtype=torch.float64, generator=g)
+    target = torch.randint(0, classes, (rows,), generator=g)
+    target[::9] = -100
+    kept = None
+    if sampled:
+        others = torch.randperm(classes, generator=g)[:5000]
+        kept = torch.unique(torch.cat([target[target >= 0], others])).cuda()
+    x, w, target = x.cuda(), w.cuda(), target.cuda()
+    x_a, w_a = x.to(dtype).requires_grad_(), w.to(dtype).requires_grad_()
+    loss = ts.nn.functional.parallel_margin_cross_entropy(x_a, w_a, target, 32.0, PRESETS["combined"],
+                                                          label_smoothing=0.1, sampled_classes=kept)
+    (2.0 * loss).backward()
+    x_r, w_r = x.clone().requires_grad_(), w.clone().requires_grad_()
+    ref = margin_cross_entropy_reference(x_r, w_r, target, 32.0, PRESETS["combined"], label_smoothing=0.1,
+                                         kept_classes=kept)
+    (2.0 * ref).backward()
+    torch.testing.assert_close(loss.double(), ref, rtol=tol, atol=tol)
+    torch.testing.assert_close(x_a.grad.double(), x_r.grad, rtol=tol, atol=tol)
+    grad_w = w_a.grad.to_dense() if sampled else w_a.grad
+    torch.testing.assert_close(grad_w.double(), w_r.grad, rtol=tol, atol=tol)
