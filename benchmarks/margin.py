@@ -153,6 +153,7 @@ def _rank_main(args):
 
 
 def _report(args, results):
+    os.makedirs(args.out, exist_ok=True)
     mib = 1024 * 1024
     lines = [f"### ArcFace margin loss, {args.world_size} CPU ranks (Gloo, 1 thread each), batch {args.batch}, "
              f"embedding {args.features}", "",
