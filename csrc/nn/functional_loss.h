@@ -54,7 +54,7 @@ struct ParallelLinearCrossEntropyFuncOptions {
   TORCH_ARG(reduction_t, reduction) = torch::kMean;
   TORCH_ARG(double, label_smoothing) = 0.0;
   TORCH_ARG(double, z_loss) = 0.0;
-  // Classes per chunk: the extra memory is O(rows x chunk_size).
+  // Classes per chunk: the extra memory is O(max(rows x chunk_size, 2^22)).
   TORCH_ARG(int64_t, chunk_size) = ops::kDefaultCrossEntropyChunk;
   TORCH_ARG(std::string, group) = distributed::kTensorParallel;
   TORCH_ARG(std::optional<int64_t>, num_classes) = std::nullopt;

@@ -51,7 +51,7 @@ def parallel_embedding(input: torch.Tensor, weight: torch.Tensor, padding_idx: O
 
 
 _REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
-#: Classes per chunk of the fused classifier + loss: O(rows x chunk) memory.
+#: Classes per chunk of the fused classifier + loss: O(max(rows x chunk, 2**22)) memory.
 DEFAULT_CHUNK_SIZE = 4096
 
 
