@@ -4,6 +4,8 @@
   shardtorch linear+CE   ParallelLinear(dim=1) then the parallel loss
   shardtorch fused       parallel_linear_cross_entropy (logits never materialised;
                          gradients computed in forward, backward scales them)
+  shardtorch fused, chunk_size 16384
+                         the same with a 4x larger chunk (and block) bound
   shardtorch fused, logits recomputed
                          its internal forward and backward ops: the logits
                          recomputed in backward (the fused loss before)
@@ -82,6 +84,14 @@ def _methods(batch, classes, hidden, device):
                                                       0.0, 0.0, 1, 4096, "tp", classes).backward()
         reset(x_leaf, w_leaf)
 
+    def st_fused_wide_chunks():
+        # A larger chunk_size raises the block bound (rows x chunk_size): at
+        # batch 1024 over 50,000 classes, blocks of 335 rows instead of the
+        # default's 83, whose logits are then computed once.
+        torch.ops.shard.parallel_linear_cross_entropy(x_leaf, w_leaf, None, target, None, -100,
+                                                      0.0, 0.0, 1, 16384, "tp", classes).backward()
+        reset(x_leaf, w_leaf)
+
     def st_fused_recomputed():
         # The fused loss as it was before it computed its gradients in
         # forward: its internal forward, then a backward recomputing the logits.
@@ -106,6 +116,7 @@ def _methods(batch, classes, hidden, device):
     del offset
     methods = {"shardtorch CE": st_ce, "shardtorch linear+CE": st_linear_ce,
                "shardtorch fused linear+CE": st_fused,
+               "shardtorch fused, chunk_size 16384": st_fused_wide_chunks,
                "shardtorch fused, logits recomputed": st_fused_recomputed,
                "torch loss_parallel (DTensor)": dtensor_loss_parallel}
     if full is not None:
