@@ -64,17 +64,6 @@ class ParallelCrossEntropyFunction : public Function<ParallelCrossEntropyFunctio
   }
 };
 
-// Whether the fused loss computes its gradients in forward (see
-// parallel_linear_cross_entropy.h): a scalar loss whose upstream gradient is
-// one number, a float32/float64 classifier (a reduced-precision gradient
-// scaled after its GEMM would be rounded twice), and a gradient to compute.
-bool gradients_in_forward(const at::Tensor& weight, int64_t reduction,
-                          const std::array<bool, 3>& mask) {
-  const auto type = weight.scalar_type();
-  return reduction != 0 && (type == at::kFloat || type == at::kDouble) &&
-         (mask[0] || mask[1] || mask[2]);
-}
-
 class ParallelLinearCrossEntropyFunction : public Function<ParallelLinearCrossEntropyFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
@@ -90,7 +79,8 @@ class ParallelLinearCrossEntropyFunction : public Function<ParallelLinearCrossEn
         grad_mode && input.requires_grad(), grad_mode && weight.requires_grad(),
         grad_mode && bias.has_value() && bias->defined() && bias->requires_grad()};
     ctx->saved_data["reduction"] = reduction;
-    if (gradients_in_forward(weight, reduction, mask)) {
+    if (ops::parallel_linear_cross_entropy_gradients_in_forward(weight, reduction,
+                                                                mask[0] || mask[1] || mask[2])) {
       auto [loss, row_stats, grad_input, grad_weight, grad_bias] =
           ops::parallel_linear_cross_entropy_forward_with_gradients(
               input, weight, bias, target, class_weight, ignore_index, label_smoothing, z_loss,

@@ -37,12 +37,10 @@ class ParallelLinearMarginCrossEntropyFunction
     at::AutoDispatchBelowADInplaceOrView guard;
     ctx->saved_data["reduction"] = reduction;
     ctx->saved_data["weight_sizes"] = weight.sizes().vec();
-    // Gradients in forward (see parallel_linear_cross_entropy_autograd): a
-    // scalar loss, a float32/float64 classifier, a gradient to compute.
     const std::array<bool, 2> mask{grad_mode && input.requires_grad(),
                                    grad_mode && weight.requires_grad()};
-    const auto type = weight.scalar_type();
-    if (reduction != 0 && (type == at::kFloat || type == at::kDouble) && (mask[0] || mask[1])) {
+    if (ops::parallel_linear_cross_entropy_gradients_in_forward(weight, reduction,
+                                                                mask[0] || mask[1])) {
       auto [loss, row_stats, grad_input, grad_weight] =
           ops::parallel_linear_margin_cross_entropy_forward_with_gradients(
               input, weight, target, scale, m1, m2, m3, easy_margin, ignore_index, label_smoothing,

@@ -32,7 +32,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> by_row_bl
     const std::string& group, std::array<bool, 3> output_mask, const CrossEntropyKernels& kernels) {
   const int64_t rows = setup.target_flat.size(0);
   const int64_t local = weight.size(0), features = weight.size(1);
-  const at::Tensor x = input.reshape({rows, features}).to(weight.scalar_type()).contiguous();
+  const at::Tensor x = gemm_input(input, weight, rows, features);
   const at::Tensor w = weight.contiguous();
   const bool with_bias = bias.has_value() && bias->defined();
   // One block knows the mean's divisor when its coefficients are made; blocks
@@ -120,6 +120,12 @@ int64_t parallel_linear_cross_entropy_gradient_block_rows(int64_t rows, int64_t 
   return (rows + blocks - 1) / blocks;  // blocks of even size
 }
 
+bool parallel_linear_cross_entropy_gradients_in_forward(const at::Tensor& weight, int64_t reduction,
+                                                        bool any_gradient) {
+  const auto type = weight.scalar_type();
+  return reduction != 0 && (type == at::kFloat || type == at::kDouble) && any_gradient;
+}
+
 at::Tensor parallel_linear_cross_entropy_apply_upstream(const at::Tensor& gradient,
                                                         const at::Tensor& grad_loss,
                                                         bool in_place) {
@@ -163,9 +169,8 @@ parallel_linear_cross_entropy_forward_with_gradients_impl(
   }
   // Too many classes for a block of rows within the memory bound: the logits
   // are computed twice, chunk by chunk, as the separate backward would.
-  auto [loss, saved] = parallel_linear_cross_entropy_forward_impl(
-      input, weight, bias, target, class_weight, options, chunk_size, group,
-      setup.layout.num_classes, kernels);
+  auto [loss, saved] = linear_cross_entropy_forward_by_chunks(input, weight, bias, target, options,
+                                                              setup, chunk_size, kernels, kOp);
   auto [grad_input, grad_weight, grad_bias] = parallel_linear_cross_entropy_backward_impl(
       at::ones({}, input.options().dtype(at::kDouble)), input, weight, bias, saved, target,
       class_weight, options, chunk_size, group, output_mask, kernels);

@@ -25,15 +25,12 @@ at::Tensor chunk_logits(const CrossEntropyKernels& kernels, const at::Tensor& x,
   return kernels.chunk_logits(x, w.narrow(0, begin, width), bias_chunk, acc);
 }
 
-// The input as the [rows, features] operand of the chunk GEMMs: in the
-// weight's dtype (a float32 input with a reduced-precision weight, as
-// autocast passes them, is cast once, not per chunk).
+}  // namespace
+
 at::Tensor gemm_input(const at::Tensor& input, const at::Tensor& weight, int64_t rows,
                       int64_t features) {
   return input.reshape({rows, features}).to(weight.scalar_type()).contiguous();
 }
-
-}  // namespace
 
 std::tuple<at::Tensor, at::Tensor> parallel_linear_cross_entropy_forward_impl(
     const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
@@ -42,12 +39,20 @@ std::tuple<at::Tensor, at::Tensor> parallel_linear_cross_entropy_forward_impl(
     std::optional<int64_t> num_classes, const CrossEntropyKernels& kernels) {
   check_parallel_linear_cross_entropy_args(input, weight, bias, target, class_weight, options,
                                            chunk_size, kForward);
-  const int64_t rows = leading_rows(input).guard_int(__FILE__, __LINE__);
-  const int64_t local = weight.size(0), features = weight.size(1);
   const CrossEntropyForwardSetup setup =
-      prepare_cross_entropy_forward(group, input.device(), input.scalar_type(), local, num_classes,
-                                    target, class_weight, options, kForward);
+      prepare_cross_entropy_forward(group, input.device(), input.scalar_type(), weight.size(0),
+                                    num_classes, target, class_weight, options, kForward);
+  return linear_cross_entropy_forward_by_chunks(input, weight, bias, target, options, setup,
+                                                chunk_size, kernels, kForward);
+}
 
+std::tuple<at::Tensor, at::Tensor> linear_cross_entropy_forward_by_chunks(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    const at::Tensor& target, const CrossEntropyOptions& options,
+    const CrossEntropyForwardSetup& setup, int64_t chunk_size, const CrossEntropyKernels& kernels,
+    const char* op) {
+  const int64_t rows = setup.target_flat.size(0);
+  const int64_t local = weight.size(0), features = weight.size(1);
   const at::Tensor x = gemm_input(input, weight, rows, features);
   const at::Tensor w = weight.contiguous();
   at::Tensor stats = fresh_row_stats(rows, setup, input.device());
@@ -58,7 +63,7 @@ std::tuple<at::Tensor, at::Tensor> parallel_linear_cross_entropy_forward_impl(
     kernels.accumulate_row_stats(chunk_logits(kernels, x, w, bias, begin, width, setup.acc), begin,
                                  setup.target_local, setup.weight_local, stats, at::Tensor());
   }
-  at::Tensor saved = combine_over_group(setup, stats, options, kForward);
+  at::Tensor saved = combine_over_group(setup, stats, options, op);
   at::Tensor loss = reduce_loss(saved, target, options, input.scalar_type());
   return {loss, saved};
 }

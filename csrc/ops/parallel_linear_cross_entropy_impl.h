@@ -12,6 +12,7 @@
 
 #include "ops/cross_entropy_checks.h"
 #include "ops/cross_entropy_kernels.h"
+#include "ops/cross_entropy_statistics.h"
 
 namespace shardtorch {
 namespace ops {
@@ -30,6 +31,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> parallel_linear_cross_entropy_bac
     const std::optional<at::Tensor>& class_weight, const CrossEntropyOptions& options,
     int64_t chunk_size, const std::string& group, std::array<bool, 3> output_mask,
     const CrossEntropyKernels& kernels);
+
+// The forward's pass over the classes, chunk_size at a time, from a prepared
+// setup (prepare_cross_entropy_forward of these arguments) -> (loss, row_stats).
+std::tuple<at::Tensor, at::Tensor> linear_cross_entropy_forward_by_chunks(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    const at::Tensor& target, const CrossEntropyOptions& options,
+    const CrossEntropyForwardSetup& setup, int64_t chunk_size, const CrossEntropyKernels& kernels,
+    const char* op);
+
+// The input as the [rows, features] operand of the classifier's GEMMs: in the
+// weight's dtype (a float32 input with a reduced-precision weight, as
+// autocast passes them, is cast once, not per chunk).
+at::Tensor gemm_input(const at::Tensor& input, const at::Tensor& weight, int64_t rows,
+                      int64_t features);
 
 // -> (loss, row_stats, grad_input, grad_weight, grad_bias): the gradients of
 // the loss for an upstream gradient of 1 (see parallel_linear_cross_entropy.h),

@@ -295,6 +295,57 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> margin_by_row_blocks(
   return {loss, saved, grad_input, grad_weight};
 }
 
+// What both forwards derive before touching data: the checked arguments, the
+// forward setup and, with sampling, the kept classes (one host read).
+struct MarginForwardSetup {
+  CrossEntropyForwardSetup setup;
+  at::Tensor kept;  // undefined without sampling
+};
+
+MarginForwardSetup prepare_margin_forward(const at::Tensor& input, const at::Tensor& weight,
+                                          const at::Tensor& target, const MarginOptions& margin,
+                                          const CrossEntropyOptions& options,
+                                          const std::optional<at::Tensor>& sampled_classes,
+                                          int64_t chunk_size, const std::string& group,
+                                          std::optional<int64_t> num_classes, const char* op) {
+  check_parallel_linear_margin_cross_entropy_args(input, weight, target, margin, options,
+                                                  sampled_classes, chunk_size, op);
+  MarginForwardSetup prepared;
+  prepared.setup =
+      prepare_cross_entropy_forward(group, input.device(), input.scalar_type(), weight.size(0),
+                                    num_classes, target, std::nullopt, options, op);
+  if (is_sampled(sampled_classes)) {
+    prepared.kept = sampled_classes->contiguous();
+    use_kept_classes(prepared.setup, prepared.kept);
+  }
+  return prepared;
+}
+
+// The loss's statistics chunk by chunk (only one chunk of logits lives at a
+// time), combined over the group -> (loss, row_stats).
+std::tuple<at::Tensor, at::Tensor> margin_forward_by_chunks(
+    const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target,
+    const MarginOptions& margin, const CrossEntropyOptions& options,
+    const MarginForwardSetup& prepared, int64_t chunk_size, const CrossEntropyKernels& kernels,
+    const char* op) {
+  const CrossEntropyForwardSetup& setup = prepared.setup;
+  const int64_t rows = setup.target_flat.size(0), columns = setup.layout.local;
+  const NormalizedRows x = normalize_rows(x_rows(input, rows));
+  const at::Tensor w = weight.contiguous();
+  at::Tensor stats = fresh_row_stats(rows, setup, input.device());
+  for (int64_t begin = 0; setup.check.code == LocalCheck::kOk && begin < columns;
+       begin += chunk_size) {
+    const int64_t width = std::min(chunk_size, columns - begin);
+    const MarginChunk chunk =
+        margin_chunk(x.unit, w, prepared.kept, begin, width, setup.target_local, margin);
+    kernels.accumulate_row_stats(chunk.logits, begin, setup.target_local, at::Tensor(), stats,
+                                 at::Tensor());
+  }
+  at::Tensor saved = combine_over_group(setup, stats, options, op);
+  at::Tensor loss = reduce_loss(saved, target, options, input.scalar_type());
+  return {loss, saved};
+}
+
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> parallel_linear_margin_cross_entropy_forward_impl(
@@ -302,33 +353,11 @@ std::tuple<at::Tensor, at::Tensor> parallel_linear_margin_cross_entropy_forward_
     const MarginOptions& margin, const CrossEntropyOptions& options,
     const std::optional<at::Tensor>& sampled_classes, int64_t chunk_size, const std::string& group,
     std::optional<int64_t> num_classes, const CrossEntropyKernels& kernels) {
-  check_parallel_linear_margin_cross_entropy_args(input, weight, target, margin, options,
-                                                  sampled_classes, chunk_size, kForward);
-  const int64_t rows = leading_rows(input).guard_int(__FILE__, __LINE__);
-  CrossEntropyForwardSetup setup =
-      prepare_cross_entropy_forward(group, input.device(), input.scalar_type(), weight.size(0),
-                                    num_classes, target, std::nullopt, options, kForward);
-  at::Tensor kept;
-  if (is_sampled(sampled_classes)) {
-    kept = sampled_classes->contiguous();
-    use_kept_classes(setup, kept);
-  }
-  const int64_t columns = setup.layout.local;
-  const NormalizedRows x = normalize_rows(x_rows(input, rows));
-  const at::Tensor w = weight.contiguous();
-  at::Tensor stats = fresh_row_stats(rows, setup, input.device());
-  // Only one chunk of logits lives at a time.
-  for (int64_t begin = 0; setup.check.code == LocalCheck::kOk && begin < columns;
-       begin += chunk_size) {
-    const int64_t width = std::min(chunk_size, columns - begin);
-    const MarginChunk chunk =
-        margin_chunk(x.unit, w, kept, begin, width, setup.target_local, margin);
-    kernels.accumulate_row_stats(chunk.logits, begin, setup.target_local, at::Tensor(), stats,
-                                 at::Tensor());
-  }
-  at::Tensor saved = combine_over_group(setup, stats, options, kForward);
-  at::Tensor loss = reduce_loss(saved, target, options, input.scalar_type());
-  return {loss, saved};
+  const MarginForwardSetup prepared =
+      prepare_margin_forward(input, weight, target, margin, options, sampled_classes, chunk_size,
+                             group, num_classes, kForward);
+  return margin_forward_by_chunks(input, weight, target, margin, options, prepared, chunk_size,
+                                  kernels, kForward);
 }
 
 std::tuple<at::Tensor, at::Tensor> parallel_linear_margin_cross_entropy_backward_impl(
@@ -410,19 +439,14 @@ parallel_linear_margin_cross_entropy_forward_with_gradients_impl(
     const std::optional<at::Tensor>& sampled_classes, int64_t chunk_size, const std::string& group,
     std::optional<int64_t> num_classes, std::array<bool, 2> output_mask,
     const CrossEntropyKernels& kernels) {
-  check_parallel_linear_margin_cross_entropy_args(input, weight, target, margin, options,
-                                                  sampled_classes, chunk_size, kWithGradients);
   TORCH_CHECK(options.reduction != 0, kWithGradients,
               ": needs reduction mean or sum (a scalar loss), got reduction none");
   const int64_t rows = leading_rows(input).guard_int(__FILE__, __LINE__);
-  CrossEntropyForwardSetup setup =
-      prepare_cross_entropy_forward(group, input.device(), input.scalar_type(), weight.size(0),
-                                    num_classes, target, std::nullopt, options, kWithGradients);
-  at::Tensor kept;
-  if (is_sampled(sampled_classes)) {
-    kept = sampled_classes->contiguous();
-    use_kept_classes(setup, kept);
-  }
+  const MarginForwardSetup prepared =
+      prepare_margin_forward(input, weight, target, margin, options, sampled_classes, chunk_size,
+                             group, num_classes, kWithGradients);
+  const CrossEntropyForwardSetup& setup = prepared.setup;
+  const at::Tensor& kept = prepared.kept;
   // Decided from the most columns any rank brings, so that every rank makes
   // the same collectives: the largest shard, or with sampling (where ranks
   // keep different counts) the largest count kept, one tiny all-gather.
@@ -442,9 +466,8 @@ parallel_linear_margin_cross_entropy_forward_with_gradients_impl(
                                 chunk_size, group, output_mask, kernels);
   }
   // Blocks would be too thin: the logits computed twice, chunk by chunk.
-  auto [loss, saved] = parallel_linear_margin_cross_entropy_forward_impl(
-      input, weight, target, margin, options, sampled_classes, chunk_size, group,
-      setup.layout.num_classes, kernels);
+  auto [loss, saved] = margin_forward_by_chunks(input, weight, target, margin, options, prepared,
+                                                chunk_size, kernels, kWithGradients);
   auto [grad_input, grad_weight] = parallel_linear_margin_cross_entropy_backward_impl(
       at::ones({}, input.options().dtype(at::kDouble)), input, weight, saved, target, margin,
       options, sampled_classes, chunk_size, group, output_mask, kernels);
