@@ -78,14 +78,13 @@ class ParallelLinearCrossEntropyFunction : public Function<ParallelLinearCrossEn
     const std::array<bool, 3> mask{
         grad_mode && input.requires_grad(), grad_mode && weight.requires_grad(),
         grad_mode && bias.has_value() && bias->defined() && bias->requires_grad()};
-    ctx->saved_data["reduction"] = reduction;
     if (ops::parallel_linear_cross_entropy_gradients_in_forward(weight, reduction,
                                                                 mask[0] || mask[1] || mask[2])) {
-      auto [loss, row_stats, grad_input, grad_weight, grad_bias] =
+      auto [loss, unused_row_stats, grad_input, grad_weight, grad_bias] =
           ops::parallel_linear_cross_entropy_forward_with_gradients(
               input, weight, bias, target, class_weight, ignore_index, label_smoothing, z_loss,
               reduction, chunk_size, group, num_classes, mask);
-      ctx->save_for_backward({grad_input, grad_weight, grad_bias, row_stats});
+      ctx->save_for_backward({grad_input, grad_weight, grad_bias});
       ctx->saved_data["gradients_in_forward"] = true;
       return loss;
     }

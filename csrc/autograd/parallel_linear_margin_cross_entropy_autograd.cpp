@@ -41,12 +41,11 @@ class ParallelLinearMarginCrossEntropyFunction
                                    grad_mode && weight.requires_grad()};
     if (ops::parallel_linear_cross_entropy_gradients_in_forward(weight, reduction,
                                                                 mask[0] || mask[1])) {
-      auto [loss, row_stats, grad_input, grad_weight] =
+      auto [loss, unused_row_stats, grad_input, grad_weight] =
           ops::parallel_linear_margin_cross_entropy_forward_with_gradients(
               input, weight, target, scale, m1, m2, m3, easy_margin, ignore_index, label_smoothing,
               reduction, sampled_classes, chunk_size, group, num_classes, mask);
-      ctx->save_for_backward(
-          {grad_input, grad_weight, row_stats, sampled_classes.value_or(at::Tensor())});
+      ctx->save_for_backward({grad_input, grad_weight, sampled_classes.value_or(at::Tensor())});
       ctx->saved_data["gradients_in_forward"] = true;
       return loss;
     }
@@ -91,9 +90,9 @@ class ParallelLinearMarginCrossEntropyFunction
               ops::parallel_linear_cross_entropy_apply_upstream(saved[i], grads[0], in_place);
         }
       }
-      if (result[1].defined() && saved[3].defined()) {
+      if (result[1].defined() && saved[2].defined()) {
         result[1] =
-            kept_rows_gradient(result[1], saved[3], ctx->saved_data["weight_sizes"].toIntVector());
+            kept_rows_gradient(result[1], saved[2], ctx->saved_data["weight_sizes"].toIntVector());
       }
       return result;
     }
