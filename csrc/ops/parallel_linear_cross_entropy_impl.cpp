@@ -11,8 +11,8 @@ namespace shardtorch {
 namespace ops {
 namespace {
 
-constexpr const char* kForward = "shard::parallel_linear_cross_entropy";
-constexpr const char* kBackward = "shard::_parallel_linear_cross_entropy_backward";
+constexpr const char* kFusedForward = "shard::parallel_linear_cross_entropy";
+constexpr const char* kFusedBackward = "shard::_parallel_linear_cross_entropy_backward";
 
 // Logits of classes [begin, begin + width) of this rank's shard, in the
 // stats dtype `acc`; the GEMM runs in x's and w's dtype (float16/bfloat16
@@ -38,12 +38,12 @@ std::tuple<at::Tensor, at::Tensor> parallel_linear_cross_entropy_forward_impl(
     const CrossEntropyOptions& options, int64_t chunk_size, const std::string& group,
     std::optional<int64_t> num_classes, const CrossEntropyKernels& kernels) {
   check_parallel_linear_cross_entropy_args(input, weight, bias, target, class_weight, options,
-                                           chunk_size, kForward);
+                                           chunk_size, kFusedForward);
   const CrossEntropyForwardSetup setup =
       prepare_cross_entropy_forward(group, input.device(), input.scalar_type(), weight.size(0),
-                                    num_classes, target, class_weight, options, kForward);
+                                    num_classes, target, class_weight, options, kFusedForward);
   return linear_cross_entropy_forward_by_chunks(input, weight, bias, target, options, setup,
-                                                chunk_size, kernels, kForward);
+                                                chunk_size, kernels, kFusedForward);
 }
 
 std::tuple<at::Tensor, at::Tensor> linear_cross_entropy_forward_by_chunks(
@@ -74,13 +74,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> parallel_linear_cross_entropy_bac
     const std::optional<at::Tensor>& class_weight, const CrossEntropyOptions& options,
     int64_t chunk_size, const std::string& group, std::array<bool, 3> output_mask,
     const CrossEntropyKernels& kernels) {
-  TORCH_CHECK(chunk_size >= 1, kBackward, ": chunk_size must be >= 1, got ", chunk_size);
+  TORCH_CHECK(chunk_size >= 1, kFusedBackward, ": chunk_size must be >= 1, got ", chunk_size);
   const int64_t rows = leading_rows(input).guard_int(__FILE__, __LINE__);
   const int64_t local = weight.size(0), features = weight.size(1);
-  check_saved_row_stats(row_stats, rows, kBackward);
+  check_saved_row_stats(row_stats, rows, kFusedBackward);
   const at::ScalarType acc = cross_entropy_accumulate_type(input.scalar_type());
   const CrossEntropyBackwardSetup setup = prepare_cross_entropy_backward(
-      grad_loss, row_stats, target, class_weight, options, local, acc, kBackward);
+      grad_loss, row_stats, target, class_weight, options, local, acc, kFusedBackward);
 
   const at::Tensor x = gemm_input(input, weight, rows, features);
   const at::Tensor w = weight.contiguous();
@@ -108,7 +108,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> parallel_linear_cross_entropy_bac
       // Each rank's classes contribute a part of the input gradient; the sum
       // travels while the last chunk's weight gradient is computed.
       if (last) {
-        pending_reduce = comm::communicator_for(group, input.device(), kBackward)
+        pending_reduce = comm::communicator_for(group, input.device(), kFusedBackward)
                              ->all_reduce_async(grad_input_acc);
       }
     }

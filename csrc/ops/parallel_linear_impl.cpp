@@ -11,8 +11,8 @@ namespace shardtorch {
 namespace ops {
 namespace {
 
-constexpr const char* kForward = "shard::parallel_linear";
-constexpr const char* kBackward = "shard::_parallel_linear_backward";
+constexpr const char* kLinearForward = "shard::parallel_linear";
+constexpr const char* kLinearBackward = "shard::_parallel_linear_backward";
 
 // Rows of the [*, features] tensor seen as a matrix (explicit, since a
 // zero-feature shard makes reshape(-1, 0) ambiguous).
@@ -41,7 +41,7 @@ at::Tensor parallel_linear_forward_impl(const at::Tensor& input, const at::Tenso
                                         const std::optional<at::Tensor>& bias,
                                         std::optional<int64_t> dim, const std::string& group,
                                         const LinearMath& math) {
-  const LinearPlan plan = plan_parallel_linear(input, weight, bias, dim, group, kForward);
+  const LinearPlan plan = plan_parallel_linear(input, weight, bias, dim, group, kLinearForward);
   const at::Tensor b = bias.has_value() ? *bias : at::Tensor();
   const at::Tensor w = weight.contiguous();
   const at::Tensor x = local_input_2d(input, weight, plan);
@@ -51,7 +51,7 @@ at::Tensor parallel_linear_forward_impl(const at::Tensor& input, const at::Tenso
   // Row-parallel: partial products summed over the group; the whole bias is
   // added once, by group rank 0, before the sum, so no extra pass is needed.
   at::Tensor partial = math.forward(x, w, plan.group_rank == 0 ? b : at::Tensor());
-  auto communicator = comm::communicator_for(group, input.device(), kForward);
+  auto communicator = comm::communicator_for(group, input.device(), kLinearForward);
   communicator->all_reduce(partial);
   return partial.view(out_shape);
 }
@@ -60,8 +60,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> parallel_linear_backward_impl(
     const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
     std::optional<int64_t> dim, const std::string& group, std::array<bool, 3> output_mask,
     const LinearMath& math) {
-  const LinearPlan plan = plan_parallel_linear(input, weight, std::nullopt, dim, group, kBackward);
-  TORCH_CHECK(grad_output.size(-1) == weight.size(0), kBackward,
+  const LinearPlan plan =
+      plan_parallel_linear(input, weight, std::nullopt, dim, group, kLinearBackward);
+  TORCH_CHECK(grad_output.size(-1) == weight.size(0), kLinearBackward,
               ": grad_output.size(-1) must equal weight.size(0) = ", weight.size(0), ", got ",
               grad_output.sizes());
   const at::Tensor grad =
@@ -75,10 +76,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> parallel_linear_backward_impl(
     grad_input = math.grad_input(grad, w);
     // Launched before the weight gradient so the two overlap.
     if (plan.mode == LinearMode::kColumn) {
-      pending_reduce =
-          comm::communicator_for(group, input.device(), kBackward)->all_reduce_async(grad_input);
+      pending_reduce = comm::communicator_for(group, input.device(), kLinearBackward)
+                           ->all_reduce_async(grad_input);
     } else if (plan.mode == LinearMode::kRow && plan.input_is_whole) {
-      auto communicator = comm::communicator_for(group, input.device(), kBackward);
+      auto communicator = comm::communicator_for(group, input.device(), kLinearBackward);
       pending_gather = comm::all_gather_along_dim_async(
           *communicator, grad_input, 1,
           topology::shard_sizes(plan.whole_in_features, plan.group_size));

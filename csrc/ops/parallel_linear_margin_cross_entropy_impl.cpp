@@ -15,8 +15,8 @@ namespace shardtorch {
 namespace ops {
 namespace {
 
-constexpr const char* kForward = "shard::parallel_linear_margin_cross_entropy";
-constexpr const char* kBackward = "shard::_parallel_linear_margin_cross_entropy_backward";
+constexpr const char* kMarginForward = "shard::parallel_linear_margin_cross_entropy";
+constexpr const char* kMarginBackward = "shard::_parallel_linear_margin_cross_entropy_backward";
 constexpr const char* kWithGradients =
     "shard::_parallel_linear_margin_cross_entropy_forward_with_gradients";
 // F.normalize's eps: rows are divided by max(norm, eps), so that the op is
@@ -170,8 +170,9 @@ void use_kept_classes(CrossEntropyForwardSetup& setup, const at::Tensor& kept) {
   if (bad[0] || bad[1] || bad[2]) {
     setup.check.fail(
         LocalCheck::kSampledClasses,
-        c10::str(kForward, ": sampled_classes must be strictly increasing local class indices in ",
-                 "[0, ", local, ") holding every target of this rank's shard, got ",
+        c10::str(kMarginForward,
+                 ": sampled_classes must be strictly increasing local class indices in ", "[0, ",
+                 local, ") holding every target of this rank's shard, got ",
                  bad[0]   ? "an index out of range"
                  : bad[1] ? "indices not strictly increasing"
                           : "a target that is not among them"));
@@ -355,9 +356,9 @@ std::tuple<at::Tensor, at::Tensor> parallel_linear_margin_cross_entropy_forward_
     std::optional<int64_t> num_classes, const CrossEntropyKernels& kernels) {
   const MarginForwardSetup prepared =
       prepare_margin_forward(input, weight, target, margin, options, sampled_classes, chunk_size,
-                             group, num_classes, kForward);
+                             group, num_classes, kMarginForward);
   return margin_forward_by_chunks(input, weight, target, margin, options, prepared, chunk_size,
-                                  kernels, kForward);
+                                  kernels, kMarginForward);
 }
 
 std::tuple<at::Tensor, at::Tensor> parallel_linear_margin_cross_entropy_backward_impl(
@@ -366,14 +367,14 @@ std::tuple<at::Tensor, at::Tensor> parallel_linear_margin_cross_entropy_backward
     const CrossEntropyOptions& options, const std::optional<at::Tensor>& sampled_classes,
     int64_t chunk_size, const std::string& group, std::array<bool, 2> output_mask,
     const CrossEntropyKernels& kernels) {
-  check_margin_options(margin, kBackward);
-  TORCH_CHECK(chunk_size >= 1, kBackward, ": chunk_size must be >= 1, got ", chunk_size);
+  check_margin_options(margin, kMarginBackward);
+  TORCH_CHECK(chunk_size >= 1, kMarginBackward, ": chunk_size must be >= 1, got ", chunk_size);
   const int64_t rows = leading_rows(input).guard_int(__FILE__, __LINE__);
   const int64_t features = weight.size(1);
-  check_saved_row_stats(row_stats, rows, kBackward);
+  check_saved_row_stats(row_stats, rows, kMarginBackward);
   const at::ScalarType acc = cross_entropy_accumulate_type(input.scalar_type());
   CrossEntropyBackwardSetup setup = prepare_cross_entropy_backward(
-      grad_loss, row_stats, target, std::nullopt, options, weight.size(0), acc, kBackward);
+      grad_loss, row_stats, target, std::nullopt, options, weight.size(0), acc, kMarginBackward);
   at::Tensor kept;
   int64_t columns = weight.size(0);
   if (is_sampled(sampled_classes)) {
@@ -393,7 +394,7 @@ std::tuple<at::Tensor, at::Tensor> parallel_linear_margin_cross_entropy_backward
   std::shared_ptr<comm::CommHandle> pending_reduce;
   auto reduce_grad_unit = [&] {
     pending_reduce =
-        comm::communicator_for(group, input.device(), kBackward)->all_reduce_async(grad_unit);
+        comm::communicator_for(group, input.device(), kMarginBackward)->all_reduce_async(grad_unit);
   };
   for (int64_t begin = 0; begin < columns; begin += chunk_size) {
     const int64_t width = std::min(chunk_size, columns - begin);
