@@ -38,13 +38,31 @@ if(NOT SHARDTORCH_CUDA STREQUAL "OFF" OR SHARDTORCH_TORCH_HAS_CUDA)
     endif()
   endif()
 endif()
-if(NOT SHARDTORCH_CUDA STREQUAL "OFF")
+# AUTO builds the CUDA part only where it can run, as torchvision does: a machine
+# without a GPU would pay for nvcc (about a minute) and never use it. ON builds
+# it anyway (CI, and builds for another machine). setup.py says whether torch
+# sees a GPU; a plain CMake build asks nvidia-smi.
+if(SHARDTORCH_CUDA STREQUAL "AUTO" AND NOT DEFINED SHARDTORCH_GPU_VISIBLE)
+  execute_process(COMMAND nvidia-smi -L RESULT_VARIABLE _shardtorch_smi_result
+                  OUTPUT_VARIABLE _shardtorch_smi_out ERROR_QUIET)
+  if(_shardtorch_smi_result EQUAL 0 AND _shardtorch_smi_out MATCHES "GPU")
+    set(SHARDTORCH_GPU_VISIBLE ON)
+  else()
+    set(SHARDTORCH_GPU_VISIBLE OFF)
+  endif()
+endif()
+if(SHARDTORCH_CUDA STREQUAL "ON" OR (SHARDTORCH_CUDA STREQUAL "AUTO" AND SHARDTORCH_GPU_VISIBLE))
   if(SHARDTORCH_TORCH_HAS_CUDA AND CMAKE_CUDA_COMPILER)
     set(SHARDTORCH_WITH_CUDA ON)
   elseif(SHARDTORCH_CUDA STREQUAL "ON")
     message(FATAL_ERROR "SHARDTORCH_CUDA=ON but torch has CUDA=${SHARDTORCH_TORCH_HAS_CUDA} "
                         "and nvcc='${CMAKE_CUDA_COMPILER}'")
   endif()
+endif()
+# CMake before 3.25.2 does not know nvcc 12+'s flag for the C++20 dialect.
+if(SHARDTORCH_WITH_CUDA AND CMAKE_VERSION VERSION_LESS 3.25.2)
+  message(FATAL_ERROR "shardtorch: the CUDA part needs CMake >= 3.25.2 (this is ${CMAKE_VERSION}, "
+                      "${CMAKE_COMMAND}): `pip install cmake`, or build without it with SHARDTORCH_CUDA=0")
 endif()
 
 if(SHARDTORCH_TORCH_HAS_CUDA)
@@ -70,5 +88,6 @@ if(SHARDTORCH_WITH_CUDA)
   unset(CMAKE_CUDA_ARCHITECTURES)
   unset(CMAKE_CUDA_ARCHITECTURES CACHE)
 endif()
-message(STATUS "shardtorch: CUDA part ${SHARDTORCH_WITH_CUDA} (torch CUDA: ${SHARDTORCH_TORCH_HAS_CUDA}, "
+message(STATUS "shardtorch: CUDA part ${SHARDTORCH_WITH_CUDA} (SHARDTORCH_CUDA=${SHARDTORCH_CUDA}, "
+               "GPU visible: ${SHARDTORCH_GPU_VISIBLE}, torch CUDA: ${SHARDTORCH_TORCH_HAS_CUDA}, "
                "nvcc: ${CMAKE_CUDA_COMPILER}, arch: ${SHARDTORCH_CUDA_ARCH})")
