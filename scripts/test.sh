@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO="$PWD"
-bash scripts/setup.sh
+SHARDTORCH_EXTRAS="${SHARDTORCH_EXTRAS-test,hf}" bash scripts/setup.sh
 export PATH="$REPO/.venv/bin:$PATH"
 
 status=0
@@ -14,7 +14,8 @@ status=0
 
 if [ "${SHARDTORCH_SKIP_CPU_ONLY:-0}" != 1 ]; then
   echo "== CPU-only torch 2.13.0: build and smoke tests"
-  SHARDTORCH_VENV=.venv-cpu SHARDTORCH_TORCH=torch==2.13.0 SHARDTORCH_EDITABLE=0 bash scripts/setup.sh
+  SHARDTORCH_VENV=.venv-cpu SHARDTORCH_TORCH=torch==2.13.0 SHARDTORCH_EDITABLE=0 SHARDTORCH_EXTRAS=test SHARDTORCH_CUDA=0 \
+    bash scripts/setup.sh
   # Run from a copy of the tests so that the installed package, not the source
   # tree (built against the other torch), is imported.
   smoke_dir=$(mktemp -d)
