@@ -12,6 +12,7 @@ import torch.distributed as dist
 from .. import _C
 from .device_mesh import DeviceMesh, groups_from_mesh, mesh_from_groups
 from .elastic_store import elastic_store
+from .placement import warn_if_groups_span_nodes
 
 TENSOR_PARALLEL = "tp"
 DATA_PARALLEL = "dp"
@@ -153,6 +154,7 @@ def init_process_group(group_size: Optional[int] = None, backend: Optional[str] 
     for name, group in state.groups.items():
         _C.register_group(name, group.group_name, state.ranks[name])
     _state = state
+    warn_if_groups_span_nodes(state.groups[WORLD], topology.tensor_parallel_groups())
 
 
 def _init_from_mesh(mesh: DeviceMesh, group_size: Optional[int]) -> None:
