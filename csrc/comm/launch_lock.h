@@ -16,5 +16,14 @@ namespace comm {
 // One mutex per full device (cuda:0 and cuda:1 apart), alive for the process.
 std::timed_mutex& device_launch_mutex(const c10::Device& device);
 
+// Runs `launch` holding `device_lock` (a device_launch_mutex): how every NCCL
+// launch is made (NcclCommunicator::enqueue), so that the CPU test driving
+// this function tests the rule the launches follow.
+template <typename Launch>
+auto with_device_launch_lock(std::timed_mutex& device_lock, Launch&& launch) -> decltype(launch()) {
+  std::lock_guard<std::timed_mutex> launching(device_lock);
+  return launch();
+}
+
 }  // namespace comm
 }  // namespace shardtorch

@@ -104,14 +104,14 @@ class EventPool : public std::enable_shared_from_this<EventPool> {
 // The ncclUniqueId of a new communicator, from group rank 0 to every rank:
 // through the process group's store (works whatever its backend), or, for a
 // group that has no store, a broadcast over its CPU backend.
-ncclUniqueId share_unique_id(const GroupInfo& group, c10::DeviceIndex device) {
+ncclUniqueId share_unique_id(const GroupInfo& group) {
   ncclUniqueId id;
   std::memset(&id, 0, sizeof(id));
   const std::string& name = group.layout.name;
   if (group.layout.rank == 0) SHARDTORCH_NCCL_CHECK(ncclGetUniqueId(&id), "ncclGetUniqueId");
-  const auto shared = share_through_group_store(
-      group, "shardtorch/nccl_unique_id/" + name + "/cuda:" + std::to_string(device),
-      std::string(reinterpret_cast<const char*>(&id), sizeof(id)));
+  const auto shared =
+      share_through_group_store(group, nccl_unique_id_scope(name),
+                                std::string(reinterpret_cast<const char*>(&id), sizeof(id)));
   if (shared.has_value()) {
     TORCH_CHECK(shared->size() == sizeof(id), "shardtorch NCCL communicator for group '", name,
                 "': the store held ", shared->size(), " bytes, expected an ", sizeof(id),
@@ -165,7 +165,7 @@ class NcclCommunicator final : public Communicator {
         stream_(at::cuda::getStreamFromPool(/*isHighPriority=*/true, device_)),
         launch_mutex_(device_launch_mutex(c10::Device(c10::kCUDA, device_))),
         events_(std::make_shared<EventPool>()) {
-    const ncclUniqueId id = share_unique_id(group, device_);
+    const ncclUniqueId id = share_unique_id(group);
     c10::cuda::CUDAGuard guard(device_);
     ncclComm_t raw = nullptr;
     SHARDTORCH_NCCL_CHECK(
@@ -324,38 +324,39 @@ class NcclCommunicator final : public Communicator {
       TORCH_CHECK(t.is_contiguous(), "shardtorch NCCL ", what, ": tensors must be contiguous");
     }
     // One launch at a time on this device, whichever communicator (NCCL's rule).
-    std::unique_lock<std::timed_mutex> launching(launch_mutex_);
-    watchdog_->check();
-    settle_checks();
-    TORCH_CHECK(!aborted_.load(), "shardtorch NCCL ", what, " on group '", name_,
-                "': the communicator was aborted after a failed collective");
-    c10::cuda::CUDAGuard guard(device_);
-    auto current = at::cuda::getCurrentCUDAStream(device_);
-    // Reused: the wait is enqueued at once, before the next record.
-    ready_.record(current);
-    ready_.block(stream_);
-    // The watchdog's clock starts when the inputs are ready, not at launch.
-    auto state = std::make_shared<LaunchState>();
-    state->started = events_->get();
-    state->started->record(stream_);
-    // The caching allocator must not hand these blocks out again before the
-    // communication stream is done with them.
-    for (const auto& t : tensors) {
-      c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream_);
-    }
-    watchdog_->watch(
-        what, [state] { return state->is_started(); }, [state] { return state->is_done(); });
-    try {
-      SHARDTORCH_NCCL_CHECK(launch(stream_.stream()),
-                            std::string(what) + " on group '" + name_ + "'");
-      state->done = events_->get();
-      state->done->record(stream_);
-    } catch (...) {
-      state->launch_failed.store(true, std::memory_order_release);
-      throw;
-    }
-    state->launched.store(true, std::memory_order_release);
-    return std::make_shared<NcclHandle>(state->done, watchdog_, device_);
+    return with_device_launch_lock(launch_mutex_, [&] {
+      watchdog_->check();
+      settle_checks();
+      TORCH_CHECK(!aborted_.load(), "shardtorch NCCL ", what, " on group '", name_,
+                  "': the communicator was aborted after a failed collective");
+      c10::cuda::CUDAGuard guard(device_);
+      auto current = at::cuda::getCurrentCUDAStream(device_);
+      // Reused: the wait is enqueued at once, before the next record.
+      ready_.record(current);
+      ready_.block(stream_);
+      // The watchdog's clock starts when the inputs are ready, not at launch.
+      auto state = std::make_shared<LaunchState>();
+      state->started = events_->get();
+      state->started->record(stream_);
+      // The caching allocator must not hand these blocks out again before the
+      // communication stream is done with them.
+      for (const auto& t : tensors) {
+        c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream_);
+      }
+      watchdog_->watch(
+          what, [state] { return state->is_started(); }, [state] { return state->is_done(); });
+      try {
+        SHARDTORCH_NCCL_CHECK(launch(stream_.stream()),
+                              std::string(what) + " on group '" + name_ + "'");
+        state->done = events_->get();
+        state->done->record(stream_);
+      } catch (...) {
+        state->launch_failed.store(true, std::memory_order_release);
+        throw;
+      }
+      state->launched.store(true, std::memory_order_release);
+      return std::make_shared<NcclHandle>(state->done, watchdog_, device_);
+    });
   }
 
   std::string name_;

@@ -3,18 +3,28 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
-#include <map>
-#include <mutex>
 #include <vector>
 
 namespace shardtorch {
 namespace comm {
 
+std::string ExchangeKeys::next(const std::string& scope) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return scope + "/" + std::to_string(counts_[scope]++);
+}
+
+ExchangeKeys& process_exchange_keys() {
+  // Never destroyed: communicators may be created during exit.
+  static auto* keys = new ExchangeKeys();
+  return *keys;
+}
+
 std::string next_exchange_key(const std::string& scope) {
-  static std::mutex mutex;
-  static auto* counters = new std::map<std::string, int64_t>();
-  std::lock_guard<std::mutex> lock(mutex);
-  return scope + "/" + std::to_string((*counters)[scope]++);
+  return process_exchange_keys().next(scope);
+}
+
+std::string nccl_unique_id_scope(const std::string& group_name) {
+  return "shardtorch/nccl_unique_id/" + group_name;
 }
 
 std::string share_through_store(c10d::Store& store, const std::string& key, int64_t rank,

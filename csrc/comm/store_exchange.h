@@ -8,6 +8,8 @@
 #include <c10/util/intrusive_ptr.h>
 
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -20,10 +22,32 @@ class Store;
 namespace shardtorch {
 namespace comm {
 
-// A key no earlier exchange of `scope` in this process used: scope + "/" + n,
-// n counting from 0. Ranks that create their communicators in the same order
-// (they must: creation is collective) get the same keys.
+// Counts one process's exchanges per scope: the n-th exchange of `scope` gets
+// the key scope + "/" + n, n counting from 0. Ranks that create their
+// communicators in the same order (they must: creation is collective) get the
+// same keys, each from its own process's counter.
+class ExchangeKeys {
+ public:
+  std::string next(const std::string& scope);
+
+ private:
+  std::mutex mutex_;
+  std::map<std::string, int64_t> counts_;
+};
+
+// The process's counter (tests give each thread standing for a rank its own).
+ExchangeKeys& process_exchange_keys();
+
+// process_exchange_keys().next(scope).
 std::string next_exchange_key(const std::string& scope);
+
+// The scope of the store keys under which group rank 0 publishes the
+// ncclUniqueId of each new NCCL communicator of `group_name` (the counter
+// tells a process's successive ones apart). Every rank of the group must reach
+// the same key, so it holds nothing of a rank's own: in particular not its
+// device, since the ranks of one group sit on different GPUs (with the device
+// in it, rank 1 on cuda:1 waited for a key that rank 0 on cuda:0 never wrote).
+std::string nccl_unique_id_scope(const std::string& group_name);
 
 // `payload` of `root` on every rank: root writes it under `key`, the others
 // wait for it (the store's own timeout bounds the wait).

@@ -25,6 +25,15 @@ void check_parallel_linear_margin_cross_entropy_args(
   check_margin_options(margin, op);
   check_parallel_linear_cross_entropy_args(input, weight, std::nullopt, target, std::nullopt,
                                            options, chunk_size, op);
+  // The fused cross-entropy's mixed rule (a float32 input with a float16 /
+  // bfloat16 weight) does not carry over: the margin normalises the weight's
+  // rows and multiplies them with the input's in one dtype, so a mix would
+  // fail inside a GEMM. Under torch.autocast the op's autocast kernel casts
+  // both to float32 first.
+  TORCH_CHECK(input.scalar_type() == weight.scalar_type(), op,
+              ": input and weight must have the same dtype (the margin loss has no mixed-precision "
+              "path; under torch.autocast it runs in float32), got ",
+              input.scalar_type(), " and ", weight.scalar_type());
   if (!is_sampled(sampled_classes)) return;
   const at::Tensor& kept = *sampled_classes;
   TORCH_CHECK(kept.dim() == 1 && kept.scalar_type() == at::kLong, op,

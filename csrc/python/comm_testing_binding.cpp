@@ -111,14 +111,15 @@ void bind_comm_testing(py::module& m) {
       "_hold_launch_lock",
       [](const std::string& device, double seconds) {
         py::gil_scoped_release release;
-        std::lock_guard<std::timed_mutex> lock(comm::device_launch_mutex(c10::Device(device)));
-        const double start = seconds_now();
-        std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
-        return std::make_pair(start, seconds_now());
+        return comm::with_device_launch_lock(comm::device_launch_mutex(c10::Device(device)), [&] {
+          const double start = seconds_now();
+          std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+          return std::make_pair(start, seconds_now());
+        });
       },
       py::arg("device"), py::arg("seconds"),
-      "Holds the NCCL launch lock of `device` for `seconds`; returns (start, end) on "
-      "time.monotonic's clock.");
+      "A launch on `device` that takes `seconds`, made the way NCCL launches are made "
+      "(comm::with_device_launch_lock); returns (start, end) on time.monotonic's clock.");
 
   m.def("_nccl_teardown", [](bool aborted) {
     return comm::nccl_teardown(aborted) == comm::NcclTeardown::kRelease ? "release"
@@ -126,6 +127,50 @@ void bind_comm_testing(py::module& m) {
   });
 
   m.def("_next_exchange_key", &comm::next_exchange_key, py::arg("scope"));
+  m.def("_nccl_unique_id_scope", &comm::nccl_unique_id_scope, py::arg("group"));
+
+  m.def(
+      "_share_nccl_unique_id_threads",
+      [](const std::string& group, const std::string& payload, int64_t world, double timeout) {
+        std::vector<std::string> received(world);
+        std::vector<std::string> errors(world);
+        double seconds = 0;
+        {
+          py::gil_scoped_release release;
+          auto store = c10::make_intrusive<c10d::HashStore>();
+          store->setTimeout(std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000)));
+          const double start = seconds_now();
+          std::vector<std::thread> ranks;
+          for (int64_t r = world - 1; r >= 0; --r) {
+            ranks.emplace_back([&, r] {
+              // Each thread is a rank in a process of its own (its own
+              // counter), on its own device, creating the group's first
+              // communicator: the key NcclCommunicator uses.
+              comm::ExchangeKeys process_keys;
+              const std::string key = process_keys.next(comm::nccl_unique_id_scope(group));
+              try {
+                received[r] = comm::share_through_store(*store, key, r, 0, r == 0 ? payload : "");
+              } catch (const std::exception& e) {
+                errors[r] = "rank " + std::to_string(r) + " (key " + key + "): " + e.what();
+              }
+            });
+          }
+          for (auto& t : ranks) t.join();
+          seconds = seconds_now() - start;
+        }
+        py::list out;
+        for (const auto& bytes : received) out.append(py::bytes(bytes));
+        py::list failures;
+        for (const auto& e : errors) {
+          if (!e.empty()) failures.append(e);
+        }
+        return py::make_tuple(out, failures, seconds);
+      },
+      py::arg("group"), py::arg("payload"), py::arg("world") = 2, py::arg("timeout") = 1.0,
+      "Ranks 0..world-1 (threads, each with its own exchange counter, as if on cuda:0, "
+      "cuda:1, ...) exchange group rank 0's ncclUniqueId bytes under the key NcclCommunicator "
+      "builds, over one HashStore whose waits time out after `timeout` s; returns (bytes per "
+      "rank, errors, seconds).");
 
   m.def(
       "_share_through_store_threads",

@@ -10,8 +10,17 @@ their value, their momentum / moments and their step, by exactly the formulas
 of torch.optim.SGD and torch.optim.Adam (their single-tensor forms) as if each
 row were a parameter of its own that got a gradient at those steps only.
 Dense gradients update every row: then the result is torch's optimizer's.
+
+Cost (benchmarks/optimizer.py): a dense gradient takes torch's own sequence of
+in-place passes over the parameter and its state (the same temporaries as
+torch.optim.SGD / Adam). A row-sparse gradient of n rows touches only those
+rows: it gathers them with index_select, updates them in place and writes them
+back with index_copy_ / index_add_. Its temporaries are [n, row] buffers the
+optimizer keeps between steps (``scratch_bytes``: at most three, sized by the
+largest n seen), because a fresh buffer of that size costs more in page faults
+on CPU than the arithmetic done in it.
 """
-from typing import Iterable, Optional, Tuple
+from typing import Iterable, List, Optional, Tuple
 
 import torch
 
@@ -47,6 +56,23 @@ class _RowSparseOptimizer(torch.optim.Optimizer):
                 # row_step first, as _state_of builds it.
                 self.state[p] = {"row_step": steps[index].to(device=p.device, dtype=torch.int64), **loaded}
 
+    @property
+    def scratch_bytes(self) -> int:
+        """Bytes held between steps for row-sparse updates (not part of the state)."""
+        return sum(t.numel() * t.element_size() for t in getattr(self, "_scratch", {}).values())
+
+    def _scratch_rows(self, like: torch.Tensor, count: int) -> List[torch.Tensor]:
+        """`count` distinct [n, rest] buffers shaped and typed like `like`, carved
+        from one buffer per (device, dtype) that only grows."""
+        scratch = self.__dict__.setdefault("_scratch", {})
+        key = (like.device, like.dtype)
+        need = count * like.numel()
+        if key not in scratch or scratch[key].numel() < need:
+            scratch.pop(key, None)  # free the old buffer before taking the new one
+            scratch[key] = torch.empty(need, dtype=like.dtype, device=like.device)
+        flat = scratch[key]
+        return [flat[i * like.numel():(i + 1) * like.numel()].view_as(like) for i in range(count)]
+
     def _rows_and_grad(self, p: torch.Tensor):
         """(row indices or None for all, gradient rows [n, rest])."""
         grad = p.grad
@@ -55,7 +81,7 @@ class _RowSparseOptimizer(torch.optim.Optimizer):
         if grad.sparse_dim() != 1:
             raise ValueError(f"{type(self).__name__}: a sparse gradient must be row-sparse (sparse_dim 1), "
                              f"got sparse_dim {grad.sparse_dim()}")
-        grad = grad.coalesce()
+        grad = grad.coalesce()  # the margin loss's gradient is already coalesced: then free
         return grad.indices()[0], grad.values().reshape(grad.indices().shape[1], -1)
 
     def _needs_row_steps(self, group) -> bool:
@@ -70,18 +96,6 @@ class _RowSparseOptimizer(torch.optim.Optimizer):
                 state[name] = torch.zeros_like(p, memory_format=torch.preserve_format)
         return state
 
-    @staticmethod
-    def _take(t: torch.Tensor, rows: Optional[torch.Tensor]) -> torch.Tensor:
-        return t if rows is None else t.index_select(0, rows)
-
-    @staticmethod
-    def _put(t: torch.Tensor, rows: Optional[torch.Tensor], values: torch.Tensor) -> None:
-        if rows is None:
-            if values.data_ptr() != t.data_ptr():
-                t.copy_(values)
-        else:
-            t.index_copy_(0, rows, values)
-
     @torch.no_grad()
     def step(self, closure=None):
         loss = None
@@ -94,8 +108,20 @@ class _RowSparseOptimizer(torch.optim.Optimizer):
                     continue
                 rows, grad = self._rows_and_grad(p)
                 state = self._state_of(p, group)
-                self._update(group, _as_rows(p), rows, grad, state)
+                if rows is None:
+                    self._update_dense(group, _as_rows(p), grad, state)
+                elif rows.numel() > 0:
+                    self._update_rows(group, _as_rows(p), rows, grad, state)
         return loss
+
+
+def _uniform_step(row_step: torch.Tensor) -> Optional[int]:
+    """The step every row shares, or None when they differ or when finding out
+    would block the host (a CUDA tensor): then the per-row formulas run."""
+    if row_step.device.type != "cpu" or row_step.numel() == 0:
+        return None
+    low, high = torch.aminmax(row_step)
+    return int(low) if int(low) == int(high) else None
 
 
 class RowSparseSGD(_RowSparseOptimizer):
@@ -121,21 +147,54 @@ class RowSparseSGD(_RowSparseOptimizer):
         super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening,
                                       weight_decay=weight_decay, nesterov=nesterov))
 
-    def _update(self, group, param_rows, rows, grad, state):
-        p = self._take(param_rows, rows)
-        d_p = grad if group["weight_decay"] == 0 else grad.add(p, alpha=group["weight_decay"])
-        momentum = group["momentum"]
+    def _update_dense(self, group, param, grad, state):
+        # torch.optim.SGD's passes, in its order (so the result is its result bitwise).
+        weight_decay, momentum = group["weight_decay"], group["momentum"]
+        d_p = grad if weight_decay == 0 else grad.add(param, alpha=weight_decay)
         if momentum != 0:
-            buffer_rows = _as_rows(state["momentum_buffer"])
-            buf = self._take(buffer_rows, rows).mul(momentum).add_(d_p, alpha=1 - group["dampening"])
+            buf = _as_rows(state["momentum_buffer"])
+            buf.mul_(momentum).add_(d_p, alpha=1 - group["dampening"])
             if "row_step" in state:
-                # A row's first step starts its buffer at d_p, as torch's does.
-                steps = self._take(state["row_step"], rows)
-                buf = torch.where((steps == 0).unsqueeze(1), d_p, buf)
-                self._put(state["row_step"], rows, steps + 1)
-            self._put(buffer_rows, rows, buf)
-            d_p = d_p.add(buf, alpha=momentum) if group["nesterov"] else buf
-        self._put(param_rows, rows, p.add(d_p, alpha=-group["lr"]))
+                self._start_buffers(buf, d_p, state["row_step"])
+                state["row_step"].add_(1)
+            if group["nesterov"]:
+                d_p = d_p.add_(buf, alpha=momentum) if d_p is not grad else d_p.add(buf, alpha=momentum)
+            else:
+                d_p = buf
+        param.add_(d_p, alpha=-group["lr"])
+
+    @staticmethod
+    def _start_buffers(buf: torch.Tensor, d_p: torch.Tensor, steps: torch.Tensor) -> None:
+        """A row's first step starts its buffer at d_p, as torch's does (with
+        dampening, buf * momentum + (1 - dampening) * d_p would not)."""
+        first = steps == 0
+        if steps.device.type == "cpu" and not bool(first.any()):
+            return  # the usual case on CPU: one pass over the step counts, none over the buffer
+        torch.where(first.unsqueeze(1), d_p, buf, out=buf)
+
+    def _update_rows(self, group, param, rows, grad, state):
+        weight_decay, momentum = group["weight_decay"], group["momentum"]
+        taken, buf = self._scratch_rows(grad, 2)
+        if weight_decay != 0:
+            d_p = torch.index_select(param, 0, rows, out=taken)
+            torch.add(grad, d_p, alpha=weight_decay, out=d_p)
+        else:
+            d_p = grad
+        if momentum != 0:
+            buffer = _as_rows(state["momentum_buffer"])
+            torch.index_select(buffer, 0, rows, out=buf)
+            buf.mul_(momentum).add_(d_p, alpha=1 - group["dampening"])
+            if "row_step" in state:
+                steps = state["row_step"].index_select(0, rows)
+                self._start_buffers(buf, d_p, steps)
+                state["row_step"].index_copy_(0, rows, steps.add_(1))
+            buffer.index_copy_(0, rows, buf)
+            if group["nesterov"]:
+                d_p = torch.add(d_p, buf, alpha=momentum, out=taken)
+            else:
+                d_p = buf
+        # p + (-lr) * d_p per row: add_'s arithmetic, so the same bits as p.add_(d_p, alpha=-lr).
+        param.index_add_(0, rows, d_p, alpha=-group["lr"])
 
 
 class RowSparseAdam(_RowSparseOptimizer):
@@ -153,21 +212,55 @@ class RowSparseAdam(_RowSparseOptimizer):
                              f"eps={eps}, weight_decay={weight_decay}, betas={betas}")
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
 
-    def _update(self, group, param_rows, rows, grad, state):
+    @staticmethod
+    def _row_factors(group, steps: torch.Tensor, dtype: torch.dtype):
+        """(-step_size, sqrt(bias_correction2)) per row, [n, 1] in `dtype`, from
+        each row's step (already advanced), computed in float64 like torch's
+        Python floats."""
         beta1, beta2 = group["betas"]
-        p = self._take(param_rows, rows)
-        if group["weight_decay"] != 0:
-            grad = grad.add(p, alpha=group["weight_decay"])
-        steps = self._take(state["row_step"], rows) + 1
-        avg_rows, sq_rows = _as_rows(state["exp_avg"]), _as_rows(state["exp_avg_sq"])
-        exp_avg = self._take(avg_rows, rows).lerp(grad, 1 - beta1)
-        exp_avg_sq = self._take(sq_rows, rows).mul(beta2).addcmul(grad, grad, value=1 - beta2)
         step = steps.to(torch.float64).unsqueeze(1)
-        bias_correction1 = 1 - beta1 ** step
-        bias_correction2_sqrt = (1 - beta2 ** step).sqrt()
-        step_size = (group["lr"] / bias_correction1).to(p.dtype)
-        denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt.to(p.dtype)).add_(group["eps"])
-        self._put(avg_rows, rows, exp_avg)
-        self._put(sq_rows, rows, exp_avg_sq)
-        self._put(param_rows, rows, p - step_size * exp_avg / denom)
-        self._put(state["row_step"], rows, steps)
+        neg_step_size = (group["lr"] / (1 - torch.pow(beta1, step))) * -1
+        bias_correction2_sqrt = (1 - torch.pow(beta2, step)).sqrt()
+        return neg_step_size.to(dtype), bias_correction2_sqrt.to(dtype)
+
+    def _update_dense(self, group, param, grad, state):
+        beta1, beta2 = group["betas"]
+        steps = state["row_step"]
+        shared = _uniform_step(steps)
+        steps.add_(1)
+        if group["weight_decay"] != 0:
+            grad = grad.add(param, alpha=group["weight_decay"])
+        exp_avg, exp_avg_sq = _as_rows(state["exp_avg"]), _as_rows(state["exp_avg_sq"])
+        exp_avg.lerp_(grad, 1 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        del grad
+        denom = exp_avg_sq.sqrt()
+        if shared is not None:
+            # Every row at the same step: torch.optim.Adam's own passes and Python-float factors.
+            step = shared + 1
+            bias_correction2_sqrt = (1 - beta2**step) ** 0.5
+            denom.div_(bias_correction2_sqrt).add_(group["eps"])
+            param.addcdiv_(exp_avg, denom, value=(group["lr"] / (1 - beta1**step)) * -1)
+            return
+        neg_step_size, bias_correction2_sqrt = self._row_factors(group, steps, param.dtype)
+        denom.div_(bias_correction2_sqrt).add_(group["eps"])
+        # addcdiv's (value * exp_avg) / denom with a value per row; + 1 * x adds x exactly.
+        param.add_(torch.mul(exp_avg, neg_step_size).div_(denom))
+
+    def _update_rows(self, group, param, rows, grad, state):
+        beta1, beta2 = group["betas"]
+        taken, avg, sq = self._scratch_rows(grad, 3)
+        steps = state["row_step"].index_select(0, rows).add_(1)
+        state["row_step"].index_copy_(0, rows, steps)
+        if group["weight_decay"] != 0:
+            torch.index_select(param, 0, rows, out=taken)
+            grad = torch.add(grad, taken, alpha=group["weight_decay"], out=taken)
+        exp_avg, exp_avg_sq = _as_rows(state["exp_avg"]), _as_rows(state["exp_avg_sq"])
+        torch.index_select(exp_avg, 0, rows, out=avg).lerp_(grad, 1 - beta1)
+        exp_avg.index_copy_(0, rows, avg)
+        torch.index_select(exp_avg_sq, 0, rows, out=sq).mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        exp_avg_sq.index_copy_(0, rows, sq)
+        neg_step_size, bias_correction2_sqrt = self._row_factors(group, steps, param.dtype)
+        denom = sq.sqrt_().div_(bias_correction2_sqrt).add_(group["eps"])
+        # p + (value * exp_avg) / denom, addcdiv's arithmetic with a value per row.
+        param.index_add_(0, rows, avg.mul_(neg_step_size).div_(denom))

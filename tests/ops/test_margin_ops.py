@@ -197,3 +197,42 @@ def test_autocast_runs_the_margin_loss_in_float32():
     torch.testing.assert_close(loss, reference, rtol=2e-2, atol=2e-2)
     loss.backward()
     assert x_low.grad.dtype == torch.bfloat16 and w_leaf.grad.dtype == torch.float32
+
+
+@pytest.mark.parametrize("dtype,name", [(torch.bfloat16, "BFloat16"), (torch.float16, "Half")])
+def test_a_reduced_precision_weight_with_a_float32_input_is_refused_clearly(dtype, name):
+    # The fused cross-entropy accepts this mix; the margin op has no such path
+    # and used to fail inside at::mm with ATen's own message.
+    x, w, target = _inputs(rows=4, classes=9, dtype=torch.float32)
+    for sampled in (None, torch.arange(9)):
+        with pytest.raises(RuntimeError, match=r"parallel_linear_margin_cross_entropy: input and weight must have "
+                                               r"the same dtype .*got Float and " + name):
+            ts.nn.functional.parallel_margin_cross_entropy(x, w.to(dtype), target, 16.0, ARCFACE,
+                                                           sampled_classes=sampled)
+
+
+def test_autocast_with_a_bfloat16_sampled_margin_loss_gives_its_weight_a_row_sparse_gradient():
+    # ParallelMarginLoss(dtype=bfloat16) under CPU autocast: the float32 cast of
+    # the weight must hand the row-sparse gradient back row-sparse (aten's cast
+    # failed: "ToCopyBackward ... doesn't support converting to a different layout").
+    torch.manual_seed(7)
+    loss_fn = ts.nn.ParallelMarginLoss(8, 64, sample_rate=0.5, dtype=torch.bfloat16, chunk_size=16)
+    x = torch.randn(6, 8, requires_grad=True)
+    target = torch.randint(0, 64, (6,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = loss_fn(x, target)
+    loss.backward()
+    kept = loss_fn.last_sampled_classes
+    grad = loss_fn.weight.grad
+    assert grad.layout == torch.sparse_coo and grad.dtype == torch.bfloat16
+    assert torch.equal(grad.coalesce().indices()[0], kept)
+    # The reference: float64 over the same (bfloat16-rounded) weight and the same kept classes.
+    x64 = x.detach().double().requires_grad_()
+    w64 = loss_fn.weight.detach().double().requires_grad_()
+    ref = margin_cross_entropy_reference(x64, w64, target, loss_fn.scale, loss_fn.margins, kept_classes=kept)
+    ref.backward()
+    torch.testing.assert_close(loss.double(), ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(x.grad.double(), x64.grad, rtol=1e-5, atol=1e-6)
+    # The gradient is computed in float32 and rounded to the weight's bfloat16 once.
+    torch.testing.assert_close(grad.to_dense().double(), w64.grad, rtol=1e-2, atol=1e-4)
+    assert grad.coalesce().values().abs().sum() > 0

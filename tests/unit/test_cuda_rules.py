@@ -41,6 +41,18 @@ def _overlap(a, b):
     return min(a[1], b[1]) - max(a[0], b[0])
 
 
+def test_nccl_launches_go_through_the_device_launch_lock():
+    # The tests above drive comm::with_device_launch_lock on CPU; this one ties
+    # it to the launches themselves, which only run on a GPU (tests/gpu).
+    import pathlib
+    source = (pathlib.Path(__file__).parents[2] / "csrc" / "comm" / "nccl_communicator.cpp").read_text()
+    enqueue = source[source.index("std::shared_ptr<CommHandle> enqueue("):]
+    enqueue = enqueue[:enqueue.index("\n  }\n")]
+    assert "return with_device_launch_lock(launch_mutex_, [&] {" in enqueue
+    assert enqueue.index("with_device_launch_lock") < enqueue.index("launch(stream_.stream())")
+    assert "launch_mutex_(device_launch_mutex(c10::Device(c10::kCUDA, device_)))" in source
+
+
 def test_launch_lock_serialises_one_device():
     spans = _hold_in_threads(["cuda:0", "cuda:0", "cuda:0"])
     spans.sort()
@@ -68,14 +80,30 @@ def test_store_exchange_gives_every_rank_the_roots_bytes():
         assert received == [payload] * 4
 
 
-def test_exchange_keys_are_fresh_per_scope_and_agree_across_ranks():
-    # Every rank counts its own creations: the n-th communicator of a group and
-    # device gets the same key on every rank, and never a key used before.
-    first = _C._next_exchange_key("test/keys/tp/cuda:0")
-    second = _C._next_exchange_key("test/keys/tp/cuda:0")
-    other = _C._next_exchange_key("test/keys/tp/cuda:1")
-    assert first == "test/keys/tp/cuda:0/0" and second == "test/keys/tp/cuda:0/1"
-    assert other == "test/keys/tp/cuda:1/0"
+def test_exchange_keys_are_fresh_per_scope():
+    # Every rank counts its own creations: the n-th exchange of a scope gets
+    # the same key on every rank, and never a key used before.
+    first = _C._next_exchange_key("test/keys/tp")
+    second = _C._next_exchange_key("test/keys/tp")
+    other = _C._next_exchange_key("test/keys/dp")
+    assert first == "test/keys/tp/0" and second == "test/keys/tp/1"
+    assert other == "test/keys/dp/0"
+
+
+def test_nccl_unique_id_key_is_the_groups_not_the_devices():
+    # The ranks of one group sit on different GPUs: a key naming the rank's
+    # device made rank 1 (cuda:1) wait for a key rank 0 (cuda:0) never wrote.
+    assert _C._nccl_unique_id_scope("tp") == "shardtorch/nccl_unique_id/tp"
+
+
+def test_ranks_on_cuda0_and_cuda1_get_rank0s_nccl_id_within_a_second():
+    # Two threads, each a rank with its own process counter (on cuda:0 and
+    # cuda:1), build NcclCommunicator's key and exchange over one HashStore
+    # whose waits time out after 1 s: a rank that waited on another key fails.
+    payload = bytes(range(128))  # an ncclUniqueId is 128 bytes
+    received, errors, seconds = _C._share_nccl_unique_id_threads("tp", payload, world=2, timeout=1.0)
+    assert errors == [] and received == [payload, payload], errors
+    assert seconds < 1.0, seconds
 
 
 def test_teardown_depends_only_on_whether_the_communicator_failed():

@@ -4,6 +4,7 @@
 // through the casts in the callers' dtypes.
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
+#include <torch/autograd.h>
 #include <torch/library.h>
 
 #include <shardtorch/ops/parallel_linear_margin_cross_entropy.h>
@@ -14,6 +15,30 @@ namespace shardtorch {
 namespace ops {
 namespace {
 
+// The float32 copy of a float16/bfloat16 class weight. aten's cast (_to_copy)
+// converts its gradient back to the weight's layout as well as its dtype, and
+// with sampled classes that gradient is row-sparse (COO): ToCopyBackward
+// cannot turn it strided. This cast gives back the gradient's dtype only, so
+// the row-sparse gradient reaches the parameter row-sparse.
+class Float32CastKeepingGradientLayout
+    : public torch::autograd::Function<Float32CastKeepingGradientLayout> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& weight) {
+    ctx->saved_data["dtype"] = static_cast<int64_t>(weight.scalar_type());
+    return weight.to(at::kFloat);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
+    return {grads[0].defined() ? grads[0].to(dtype) : at::Tensor()};
+  }
+};
+
+at::Tensor weight_to_float32(const at::Tensor& weight) {
+  if (weight.scalar_type() != at::kHalf && weight.scalar_type() != at::kBFloat16) return weight;
+  return Float32CastKeepingGradientLayout::apply(weight);
+}
+
 template <c10::DispatchKey AutocastKey>
 at::Tensor margin_cross_entropy_autocast(
     const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target, double scale,
@@ -22,8 +47,8 @@ at::Tensor margin_cross_entropy_autocast(
     const std::string& group, std::optional<int64_t> num_classes) {
   c10::impl::ExcludeDispatchKeyGuard no_autocast(AutocastKey);
   return parallel_linear_margin_cross_entropy(
-      to_float32(input), to_float32(weight), target, scale, m1, m2, m3, easy_margin, ignore_index,
-      label_smoothing, reduction, sampled_classes, chunk_size, group, num_classes);
+      to_float32(input), weight_to_float32(weight), target, scale, m1, m2, m3, easy_margin,
+      ignore_index, label_smoothing, reduction, sampled_classes, chunk_size, group, num_classes);
 }
 
 }  // namespace

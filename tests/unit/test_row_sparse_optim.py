@@ -1,0 +1,195 @@
+"""ts.optim.RowSparseSGD / RowSparseAdam in one process.
+
+Dense gradients: the result is torch.optim.SGD's / Adam's bitwise (the same
+passes in the same order), in float64 and float32, over several steps.
+Row-sparse gradients: each row follows the optimizer's formula written out
+below as if it were a parameter of its own that got a gradient only at the
+steps it was kept; rows not kept keep their value and state bitwise. The
+reference is plain float64 arithmetic, so the comparison allows 1e-12 relative
+(the library's kernels fuse multiply-adds and use lerp).
+(tests/distributed/cases_margin.py checks them again inside the sampled loss.)"""
+import math
+
+import pytest
+import torch
+
+import shardtorch as ts
+
+ROWS, COLS = 13, 5
+
+SGD_SETTINGS = {
+    "plain": dict(lr=0.1),
+    "momentum, weight decay": dict(lr=0.1, momentum=0.9, weight_decay=5e-2),
+    "dampening": dict(lr=0.1, momentum=0.9, dampening=0.3, weight_decay=1e-2),
+    "nesterov": dict(lr=0.1, momentum=0.8, nesterov=True, weight_decay=1e-2),
+    "nesterov, no weight decay": dict(lr=0.1, momentum=0.8, nesterov=True),
+}
+ADAM_SETTINGS = {
+    "plain": dict(lr=0.05),
+    "weight decay": dict(lr=0.05, betas=(0.8, 0.95), eps=1e-6, weight_decay=1e-2),
+}
+
+
+def _gradients(steps, dtype, seed=0, shape=(ROWS, COLS)):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(shape, generator=g, dtype=dtype) for _ in range(steps)]
+
+
+def _run_pair(ours_cls, theirs_cls, settings, dtype, foreach, shape=(ROWS, COLS)):
+    start = torch.randn(shape, generator=torch.Generator().manual_seed(1), dtype=dtype)
+    mine, theirs = start.clone().requires_grad_(), start.clone().requires_grad_()
+    opt_mine = ours_cls([mine], **settings)
+    opt_theirs = theirs_cls([theirs], foreach=foreach, **settings)
+    for grad in _gradients(4, dtype, shape=shape):
+        mine.grad, theirs.grad = grad.clone(), grad.clone()
+        opt_mine.step()
+        opt_theirs.step()
+    return mine, theirs, opt_mine, opt_theirs
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("foreach", [True, False])
+@pytest.mark.parametrize("name", list(SGD_SETTINGS))
+def test_sgd_on_dense_gradients_is_torchs_bitwise(name, foreach, dtype):
+    mine, theirs, opt_mine, opt_theirs = _run_pair(ts.optim.RowSparseSGD, torch.optim.SGD, SGD_SETTINGS[name],
+                                                   dtype, foreach)
+    assert torch.equal(mine, theirs), (mine - theirs).abs().max()
+    if "momentum" in SGD_SETTINGS[name]:
+        assert torch.equal(opt_mine.state[mine]["momentum_buffer"], opt_theirs.state[theirs]["momentum_buffer"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("foreach", [True, False])
+@pytest.mark.parametrize("name", list(ADAM_SETTINGS))
+def test_adam_on_dense_gradients_is_torchs_bitwise(name, foreach, dtype):
+    mine, theirs, opt_mine, opt_theirs = _run_pair(ts.optim.RowSparseAdam, torch.optim.Adam, ADAM_SETTINGS[name],
+                                                   dtype, foreach)
+    assert torch.equal(mine, theirs), (mine - theirs).abs().max()
+    for key in ("exp_avg", "exp_avg_sq"):
+        assert torch.equal(opt_mine.state[mine][key], opt_theirs.state[theirs][key]), key
+    assert torch.equal(opt_mine.state[mine]["row_step"], torch.full((ROWS,), 4, dtype=torch.int64))
+
+
+def test_dense_gradients_at_the_benchmarks_row_width_are_torchs_bitwise():
+    # 512 columns: every element on the vectorised path, as in benchmarks/optimizer.py.
+    for ours, theirs, settings in ((ts.optim.RowSparseSGD, torch.optim.SGD, SGD_SETTINGS["momentum, weight decay"]),
+                                   (ts.optim.RowSparseAdam, torch.optim.Adam, ADAM_SETTINGS["weight decay"])):
+        mine, reference, _, _ = _run_pair(ours, theirs, settings, torch.float32, True, shape=(64, 512))
+        assert torch.equal(mine, reference), ours.__name__
+
+
+# The formulas of torch.optim.SGD and torch.optim.Adam (their documentation's
+# pseudocode), one row at a time, in float64.
+def _sgd_row(row, grad, settings):
+    lr, momentum = settings["lr"], settings.get("momentum", 0.0)
+    dampening, weight_decay = settings.get("dampening", 0.0), settings.get("weight_decay", 0.0)
+    d_p = grad + weight_decay * row["param"]
+    if momentum:
+        if row["steps"] == 0:
+            row["buf"] = d_p.clone()
+        else:
+            row["buf"] = momentum * row["buf"] + (1 - dampening) * d_p
+        d_p = d_p + momentum * row["buf"] if settings.get("nesterov") else row["buf"]
+    row["param"] = row["param"] - lr * d_p
+    row["steps"] += 1
+
+
+def _adam_row(row, grad, settings):
+    lr, (beta1, beta2) = settings["lr"], settings.get("betas", (0.9, 0.999))
+    eps, weight_decay = settings.get("eps", 1e-8), settings.get("weight_decay", 0.0)
+    row["steps"] += 1
+    t = row["steps"]
+    grad = grad + weight_decay * row["param"]
+    row["m"] = beta1 * row["m"] + (1 - beta1) * grad
+    row["v"] = beta2 * row["v"] + (1 - beta2) * grad * grad
+    denom = row["v"].sqrt() / math.sqrt(1 - beta2**t) + eps
+    row["param"] = row["param"] - lr / (1 - beta1**t) * row["m"] / denom
+
+
+def _row_sparse_gradient(grad, kept):
+    return torch.sparse_coo_tensor(kept.unsqueeze(0), grad[kept], grad.shape).coalesce()
+
+
+def _kept_sets(steps, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    sets = []
+    for i in range(steps):
+        kept = torch.randperm(ROWS, generator=g)[:ROWS // 3].sort().values
+        sets.append(None if i == steps - 1 else kept)  # the last step dense: rows at different steps
+    return sets
+
+
+@pytest.mark.parametrize("kind,name", [("sgd", n) for n in SGD_SETTINGS] + [("adam", n) for n in ADAM_SETTINGS])
+def test_row_sparse_gradients_follow_the_per_row_formula(kind, name):
+    settings = (SGD_SETTINGS if kind == "sgd" else ADAM_SETTINGS)[name]
+    opt_cls, row_step = (ts.optim.RowSparseSGD, _sgd_row) if kind == "sgd" else (ts.optim.RowSparseAdam, _adam_row)
+    start = torch.randn(ROWS, COLS, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    param = start.clone().requires_grad_()
+    opt = opt_cls([param], **settings)
+    rows = [dict(param=start[r].clone(), steps=0, buf=None, m=torch.zeros(COLS, dtype=torch.float64),
+                 v=torch.zeros(COLS, dtype=torch.float64)) for r in range(ROWS)]
+    kept_sets = _kept_sets(6)
+    for grad, kept in zip(_gradients(len(kept_sets), torch.float64), kept_sets):
+        param.grad = grad.clone() if kept is None else _row_sparse_gradient(grad, kept)
+        not_kept = torch.full((ROWS,), kept is not None)
+        if kept is not None:
+            not_kept[kept] = False
+        before = param.detach()[not_kept].clone()
+        state_before = {k: v[not_kept].clone() for k, v in opt.state[param].items()}
+        opt.step()
+        assert torch.equal(param.detach()[not_kept], before), "a row not kept moved"
+        for key, values in state_before.items():
+            assert torch.equal(opt.state[param][key][not_kept], values), f"{key} of a row not kept changed"
+        for r in range(ROWS) if kept is None else kept.tolist():
+            row_step(rows[r], grad[r], settings)
+        expected = torch.stack([row["param"] for row in rows])
+        torch.testing.assert_close(param.detach(), expected, rtol=1e-12, atol=1e-12)
+    if "row_step" in opt.state[param]:
+        assert opt.state[param]["row_step"].tolist() == [row["steps"] for row in rows]
+
+
+def test_row_sparse_updates_are_bitwise_torchs_on_each_row_as_its_own_parameter():
+    # The same kernels on the kept rows: a row kept at steps 1 and 3 ends where
+    # torch's optimizer over that row alone ends after those two steps.
+    for opt_cls, torch_cls, settings in ((ts.optim.RowSparseSGD, torch.optim.SGD, SGD_SETTINGS["dampening"]),
+                                         (ts.optim.RowSparseAdam, torch.optim.Adam, ADAM_SETTINGS["weight decay"])):
+        start = torch.randn(ROWS, COLS, generator=torch.Generator().manual_seed(5), dtype=torch.float32)
+        param = start.clone().requires_grad_()
+        opt = opt_cls([param], **settings)
+        singles = [start[r].clone().requires_grad_() for r in range(ROWS)]
+        single_opts = [torch_cls([s], foreach=False, **settings) for s in singles]
+        for grad, kept in zip(_gradients(3, torch.float32), _kept_sets(4)[:3]):
+            param.grad = _row_sparse_gradient(grad, kept)
+            opt.step()
+            for r in kept.tolist():
+                singles[r].grad = grad[r].clone()
+                single_opts[r].step()
+        assert torch.equal(param.detach(), torch.stack([s.detach() for s in singles])), opt_cls.__name__
+
+
+def test_uncoalesced_gradients_add_their_duplicate_rows():
+    param = torch.zeros(4, 2, dtype=torch.float64, requires_grad=True)
+    opt = ts.optim.RowSparseSGD([param], lr=1.0)
+    indices = torch.tensor([[2, 0, 2]])
+    values = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], dtype=torch.float64)
+    param.grad = torch.sparse_coo_tensor(indices, values, (4, 2))
+    opt.step()
+    assert param.detach().tolist() == [[-3.0, -4.0], [0.0, 0.0], [-6.0, -8.0], [0.0, 0.0]]
+
+
+def test_row_sparse_scratch_is_reused_and_sized_by_the_kept_rows():
+    param = torch.zeros(1000, 8, requires_grad=True)
+    opt = ts.optim.RowSparseAdam([param], lr=0.1, weight_decay=0.1)
+    for kept_count in (100, 50, 100):
+        kept = torch.arange(kept_count) * 3
+        param.grad = _row_sparse_gradient(torch.ones(1000, 8), kept)
+        opt.step()
+    assert opt.scratch_bytes == 3 * 100 * 8 * 4  # three [kept, row] float32 buffers, never regrown
+
+
+def test_a_gradient_sparse_in_two_dims_is_refused():
+    param = torch.zeros(3, 3, requires_grad=True)
+    param.grad = torch.eye(3).to_sparse()
+    with pytest.raises(ValueError, match=r"RowSparseSGD: a sparse gradient must be row-sparse \(sparse_dim 1\), "
+                                         r"got sparse_dim 2"):
+        ts.optim.RowSparseSGD([param], lr=0.1).step()
