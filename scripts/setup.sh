@@ -30,7 +30,7 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 PIP="$VENV/bin/python -m pip"
 $PIP install -q --disable-pip-version-check "$TORCH_SPEC" numpy pytest hypothesis pybind11 ninja clang-format \
-  cmake tqdm matplotlib 2>&1 | grep -v "^WARNING: Location" || true
+  cmake tqdm matplotlib transformers timm accelerate 2>&1 | grep -v "^WARNING: Location" || true
 "$VENV/bin/python" -c "import torch" # fail here, clearly, if torch did not install
 
 export PATH="$PWD/$VENV/bin:$PATH"
