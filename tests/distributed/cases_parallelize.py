@@ -18,13 +18,13 @@ F64 = torch.float64
 STEPS = 5
 
 
-def _pair(build):
+def _pair(build, **options):
     """(reference, parallelized): the same weights, drawn under one seed."""
     torch.manual_seed(0)
     ref = build().to(F64)
     torch.manual_seed(0)
     par = build().to(F64)
-    ts.nn.parallelize(par)
+    ts.nn.parallelize(par, **options)
     return ref, par
 
 
@@ -103,8 +103,8 @@ def collected_grads(model):
     return ts.collect_state_dict(model, grads)
 
 
-def check_against_unsharded(build, step, name):
-    ref, par = _pair(build)
+def check_against_unsharded(build, step, name, **options):
+    ref, par = _pair(build, **options)
     loss_ref, logits_ref = step(ref, False, 1)
     loss_par, logits_par = step(par, True, 1)
     assert_close(logits_par, logits_ref, F64, f"{name} logits")
@@ -155,31 +155,49 @@ def case_mingpt_matches_unsharded():
 
 
 def _collectives(run):
-    """{collective: count} that ``run`` issued on this rank (the Gloo process
-    group's own profiler events: every collective of the C++ core goes through it)."""
+    """{collective: count} that ``run`` issued on this rank: the Gloo process
+    group's own profiler events (every collective of the C++ core goes through
+    it), as "all_reduce", "all_gather", ..., and the shardtorch mapping ops
+    called, as "shard::all_gather", ... (on CPU a reduce-scatter runs as a Gloo
+    all-reduce, and an all-gather of uneven shards as two Gloo all-gathers, so
+    sequence parallelism is counted by its ops)."""
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         result = run()
-    counts = collections.Counter(e.name[len("gloo:"):] for e in prof.events() if e.name.startswith("gloo:"))
+    counts = collections.Counter(e.name[len("gloo:"):] if e.name.startswith("gloo:") else e.name
+                                 for e in prof.events() if e.name.startswith(("gloo:", "shard::")))
     return counts, result
 
 
-def _check_collective_count(build, step, layers, name, vocab_embedding=True, vocab_head=True, kv_replicated=False):
+def _check_collective_count(build, step, layers, name, vocab_embedding=True, vocab_head=True, kv_replicated=False,
+                            sequence_parallel=False):
     torch.manual_seed(0)
     model = build().to(F64)
-    ts.nn.parallelize(model)
+    ts.nn.parallelize(model, sequence_parallel=sequence_parallel)
     forward, (loss, _) = _collectives(lambda: step(model, True, 1, whole=False))
     backward, _ = _collectives(lambda: loss.backward())
     # Megatron's minimum per block: forward one all-reduce after each row-parallel projection, backward one for
     # each block input's gradient (q/k/v, or gate/up, share it). Plus the embedding's forward all-reduce and the
     # LM head input's backward all-reduce; the vocabulary-parallel loss adds one all-gather of row statistics.
+    if sequence_parallel:
+        # Per block: an all-gather before the attention and the MLP, a reduce-scatter after each, both ways;
+        # the region's end gathers the sequence (forward), its start slices it (all-gather backward).
+        for counts, way in ((forward, "forward"), (backward, "backward")):
+            assert counts["shard::all_gather"] == 2 * layers, f"{name}: {way} {dict(counts)}"
+            assert counts["shard::reduce_scatter"] == 2 * layers, f"{name}: {way} {dict(counts)}"
+            assert counts["shard::gather_replicated"] == 1, f"{name}: {way} {dict(counts)}"
+        # No all-reduce forward but the vocabulary embedding's own.
+        assert forward["shard::reduce"] == int(vocab_embedding) and forward["shard::copy"] == 0, \
+            f"{name}: forward {dict(forward)}"
+        return
     expected_forward = 2 * layers + int(vocab_embedding)
     expected_backward = 2 * layers + int(vocab_head) + (2 * layers if kv_replicated else 0)
     assert forward["all_reduce"] == expected_forward, f"{name}: forward all-reduces {dict(forward)}"
     assert backward["all_reduce"] == expected_backward, f"{name}: backward all-reduces {dict(backward)}"
     loss_gathers = 1 if vocab_head else 0
     assert forward["all_gather"] == loss_gathers, f"{name}: forward all-gathers {dict(forward)} (logits gathered?)"
-    assert set(forward) <= {"all_reduce", "all_gather"} and set(backward) == {"all_reduce"}, \
+    gloo = {kind for kind in set(forward) | set(backward) if not kind.startswith("shard::")}
+    assert gloo <= {"all_reduce", "all_gather"} and backward["all_gather"] == 0, \
         f"{name}: unexpected collectives forward {dict(forward)} backward {dict(backward)}"
 
 
@@ -240,8 +258,8 @@ def case_bad_plans_raise_on_every_rank_before_any_collective():
     expect_error(lambda: ts.nn.parallelize(model, plan={"blocks.0.ln1": "attention"}), "'blocks.0.ln1'",
                  "not a known attention layout", exception=ValueError)
     expect_error(lambda: ts.nn.parallelize(model, plan="everything"), "'auto'", exception=ValueError)
-    expect_error(lambda: ts.nn.parallelize(model, sequence_parallel=True), "sequence_parallel",
-                 exception=NotImplementedError)
+    expect_error(lambda: ts.nn.parallelize(model, plan={"blocks.0.mlp": "mlp"}, sequence_parallel=True),
+                 "sequence_parallel=True needs attention modules inside blocks", exception=ValueError)
     # Fewer heads than ranks cannot split: refused, naming the module and the count.
     one_head = models.MinGPT(heads=1)
     expect_error(lambda: ts.nn.parallelize(one_head), "'blocks.0.attn'", f"1 attention heads cannot be split "
@@ -334,3 +352,20 @@ def case_verbose_prints_plan_shards_and_memory():
     else:
         assert text == "", text
     assert model is not None
+
+
+def case_sequence_parallel_matches_unsharded():
+    check_against_unsharded(models.gpt2, _causal_step, "gpt2 sp", sequence_parallel=True)
+    check_against_unsharded(models.llama, _causal_step, "llama sp", sequence_parallel=True)
+    check_against_unsharded(lambda: models.llama(kv_heads=2, heads=8), _causal_step, "llama kv=2 sp",
+                            sequence_parallel=True)
+    check_against_unsharded(models.bert, _masked_step, "bert sp", sequence_parallel=True)
+    check_against_unsharded(models.vit, _image_step, "vit sp", sequence_parallel=True)
+    check_against_unsharded(models.mingpt, _plain_lm_step, "mingpt sp", sequence_parallel=True)
+
+
+def case_sequence_parallel_collectives_per_block():
+    _check_collective_count(models.gpt2, _causal_step, 2, "gpt2 sp", sequence_parallel=True)
+    _check_collective_count(models.llama, _causal_step, 2, "llama sp", sequence_parallel=True)
+    _check_collective_count(models.vit, _image_step, 2, "vit sp", vocab_embedding=False, vocab_head=False,
+                            sequence_parallel=True)
