@@ -5,11 +5,13 @@ from typing import Dict, List, Tuple, Union
 from torch import nn
 
 from ...distributed import state
-from ...utils.shard_facts import registered_shards
+from ...distributed import mappings
+from ...utils.shard_facts import named_parameter_shards, registered_shards
 from ..linear import ParallelLinear
 from ..parallel.plain_ddp import register_ddp_parameters_to_ignore
 from .blocks import find_layout
-from .layers import ColumnProjection, RowProjection, SharedInputCopy
+from .layers import (ColumnProjection, ReplicatedKeyValue, RowProjection, SharedInputCopy, gather_sequence_after,
+                     gather_sequence_before, scatter_sequence_before)
 from .plan import auto_plan, check_plan, unplaced
 from .report import parameter_bytes, print_report
 from .vocabulary import install_loss, tie, vocabulary_parallel
@@ -28,7 +30,12 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
             Conv1D), "vocab" (token embedding or LM head split by vocabulary
             rows; the head's logits stay sharded and marked), "replicate".
         group: the shardtorch group name ("tp").
-        sequence_parallel: not implemented yet (raises).
+        sequence_parallel: split the regions between blocks (norms, dropout,
+            residuals) along the sequence (dim 1 of [batch, sequence, ...]):
+            each attention and MLP all-gathers its input along the sequence
+            and its row-parallel projection reduce-scatters, the first block
+            takes this rank's slice and the last block's output is gathered
+            whole again (same communication volume, activations 1/N there).
         verbose: print the plan, shard shapes, what stays whole, and the
             parameter memory per rank against the whole model (group rank 0).
 
@@ -41,9 +48,6 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
         raise TypeError(f"parallelize: model must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(sequence_parallel, bool):
         raise TypeError(f"parallelize: sequence_parallel must be a bool, got {sequence_parallel!r}")
-    if sequence_parallel:
-        raise NotImplementedError("parallelize: sequence_parallel=True is not implemented yet; call it with "
-                                  "sequence_parallel=False (the default)")
     if not isinstance(group, str):
         raise TypeError(f"parallelize: group must be a shardtorch group name (str), got {group!r}")
     size, rank = state.get_group_size(group), state.get_group_rank(group)
@@ -52,6 +56,7 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
             raise ValueError(f"parallelize: plan must be 'auto' or a dict {{module name: style}}, got {plan!r}")
         plan = auto_plan(model)
     check_plan(model, plan, size)
+    blocks = _sequence_parallel_blocks(model, plan) if sequence_parallel else []
     whole_bytes = parameter_bytes(model)
     modules = dict(model.named_modules())
     order = {name: i for i, name in enumerate(modules)}
@@ -64,7 +69,9 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
             continue
         if style in ("attention", "mlp"):
             layout = find_layout(module, style)
-            changed = layout.apply(module, group, size, rank)
+            changed = layout.apply(module, group, size, rank, sequence_parallel)
+            if sequence_parallel:
+                gather_sequence_before(layout.gather_point(module), group)
             notes = ", ".join(f"{k}={v}" for k, v in changed.items())
             placed.append((name, f"{style} ({layout.name})", notes))
             continue
@@ -81,6 +88,11 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
                 replaced.setdefault(id(old), (old, new._parameters[pname], spec))
         _set_submodule(model, name, new)
         placed.append((name, style, ""))
+    if blocks:
+        scatter_sequence_before(modules[blocks[0]], group)
+        gather_sequence_after(modules[blocks[-1]], group)
+        placed.append((f"{blocks[0]} .. {blocks[-1]}", "sequence-parallel region", "dim 1"))
+        sum_partial_gradients(model, [modules[name] for name in blocks], group)
     tie(model, replaced)
     register_ddp_parameters_to_ignore(model)
     head = _parallel_head(model)
@@ -92,6 +104,35 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
     if verbose and rank == 0:
         print_report(model, placed, left, whole_bytes, loss, group, size)
     return model
+
+
+def sum_partial_gradients(model: nn.Module, blocks: List[nn.Module], group: str) -> None:
+    """Under sequence parallelism the whole parameters inside the blocks (norms, the row projections' biases)
+    see only this rank's part of the sequence, so each rank's gradient is a partial sum: a hook all-reduces it
+    over the group (one all-reduce per such parameter in backward)."""
+    sharded = {id(p) for _, p, _ in named_parameter_shards(model)}
+    summed = {id(p) for m in model.modules() if isinstance(m, ReplicatedKeyValue) for p in m.parameters()}
+    seen = set()
+    for block in blocks:
+        for param in block.parameters():
+            if id(param) in sharded or id(param) in summed or id(param) in seen or not param.requires_grad:
+                continue
+            seen.add(id(param))
+            param.register_hook(lambda grad: mappings.reduce(grad, group))
+
+
+def _sequence_parallel_blocks(model: nn.Module, plan: Dict[str, str]) -> List[str]:
+    """The blocks (parents of the planned attention modules) in model order: the sequence-parallel region
+    runs from the first one's input to the last one's output."""
+    modules = list(dict(model.named_modules()))
+    parents = {name.rpartition(".")[0] for name, style in plan.items() if style == "attention"}
+    if not parents or "" in parents:
+        raise ValueError("parallelize: sequence_parallel=True needs attention modules inside blocks in the plan "
+                         f"(the blocks bound the sequence-parallel region), got plan {plan}")
+    if any(style in ("column", "row") for style in plan.values()):
+        raise ValueError("parallelize: sequence_parallel=True works with 'attention' and 'mlp' entries, not with "
+                         "'column' / 'row' ones")
+    return sorted(parents, key=modules.index)
 
 
 def _set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:

@@ -17,7 +17,7 @@ from typing import Dict, List, Optional
 
 from torch import nn
 
-from .layers import ColumnProjection, ReplicatedKeyValue, RowProjection, SharedInputCopy, is_conv1d
+from .layers import ColumnProjection, ReplicatedKeyValue, RowProjection, block_input, is_conv1d
 
 # Modules without parameters that act element by element (allowed between the
 # two projections of a Sequential MLP).
@@ -52,9 +52,22 @@ class Layout:
         """Why ``module`` cannot split over ``size`` ranks (None: it can)."""
         return None
 
-    def apply(self, module: nn.Module, group: str, size: int, rank: int) -> Dict[str, object]:
-        """Shards ``module`` in place; returns the attributes it changed (name: new value)."""
+    def apply(self, module: nn.Module, group: str, size: int, rank: int, sp: bool = False) -> Dict[str, object]:
+        """Shards ``module`` in place; returns the attributes it changed (name: new value). ``sp``: sequence
+        parallelism (the column projections read the input ``gather_point`` gathered, the row ones
+        reduce-scatter)."""
         raise NotImplementedError
+
+    def gather_point(self, module: nn.Module) -> nn.Module:
+        """The submodule whose input is gathered along the sequence under sequence parallelism: the one
+        whose forward reads the hidden states' shape and feeds the column projections, and not the
+        residual (BERT adds it inside its attention and output modules)."""
+        return module
+
+
+def _row(sp: bool, source: nn.Module, group: str, size: int, rank: int, unit: int = 1) -> RowProjection:
+    # Sequence parallelism: reduce-scatter along the sequence (dim 1 of [batch, sequence, features]).
+    return RowProjection(source, group, size, rank, unit, sequence_dim=1 if sp else None)
 
 
 def _too_few(what: str, count: int, size: int) -> Optional[str]:
@@ -77,9 +90,9 @@ class GPT2Attention(Layout):
     def refusal(self, m, size):
         return _too_few("attention heads", m.num_heads, size)
 
-    def apply(self, m, group, size, rank):
-        m.c_attn = ColumnProjection(m.c_attn, group, size, rank, SharedInputCopy(group, 1), blocks=3, unit=m.head_dim)
-        m.c_proj = RowProjection(m.c_proj, group, size, rank, unit=m.head_dim)
+    def apply(self, m, group, size, rank, sp=False):
+        m.c_attn = ColumnProjection(m.c_attn, group, size, rank, block_input(group, 1, sp), blocks=3, unit=m.head_dim)
+        m.c_proj = _row(sp, m.c_proj, group, size, rank, unit=m.head_dim)
         heads = m.c_attn.out_features // (3 * m.head_dim)
         m.num_heads, m.split_size = heads, heads * m.head_dim
         return {"num_heads": m.num_heads, "split_size": m.split_size}
@@ -104,23 +117,23 @@ class LlamaAttention(Layout):
     def refusal(self, m, size):
         return _too_few("attention heads", m.q_proj.out_features // m.head_dim, size)
 
-    def apply(self, m, group, size, rank):
+    def apply(self, m, group, size, rank, sp=False):
         head_dim, groups = m.head_dim, m.num_key_value_groups
         kv_heads = m.k_proj.out_features // head_dim
-        shared = SharedInputCopy(group, 3)
+        shared = block_input(group, 3, sp)
         if kv_heads >= size:
             # Whole key/value groups per rank: query heads follow their key/value head.
             m.q_proj = ColumnProjection(m.q_proj, group, size, rank, shared, unit=groups * head_dim)
             m.k_proj = ColumnProjection(m.k_proj, group, size, rank, shared, unit=head_dim)
             m.v_proj = ColumnProjection(m.v_proj, group, size, rank, shared, unit=head_dim)
-            m.o_proj = RowProjection(m.o_proj, group, size, rank, unit=groups * head_dim)
+            m.o_proj = _row(sp, m.o_proj, group, size, rank, unit=groups * head_dim)
             return {"num_key_value_groups (unchanged)": groups}
         m.q_proj = ColumnProjection(m.q_proj, group, size, rank, shared, unit=head_dim)
         start = m.q_proj.pieces[0][0] // head_dim
         local = [(start + h) // groups for h in range(m.q_proj.out_features // head_dim)]
         m.k_proj = ReplicatedKeyValue(m.k_proj, group, head_dim, local, shared)
         m.v_proj = ReplicatedKeyValue(m.v_proj, group, head_dim, local, shared)
-        m.o_proj = RowProjection(m.o_proj, group, size, rank, unit=head_dim)
+        m.o_proj = _row(sp, m.o_proj, group, size, rank, unit=head_dim)
         m.num_key_value_groups = 1
         return {"num_key_value_groups": 1, "key/value": "replicated"}
 
@@ -144,12 +157,15 @@ class BertAttention(Layout):
     def refusal(self, m, size):
         return _too_few("attention heads", m.self.num_attention_heads, size)
 
-    def apply(self, m, group, size, rank):
+    def gather_point(self, m):
+        return m.self
+
+    def apply(self, m, group, size, rank, sp=False):
         inner, unit = m.self, m.self.attention_head_size
-        shared = SharedInputCopy(group, 3)
+        shared = block_input(group, 3, sp)
         for name in ("query", "key", "value"):
             setattr(inner, name, ColumnProjection(getattr(inner, name), group, size, rank, shared, unit=unit))
-        m.output.dense = RowProjection(m.output.dense, group, size, rank, unit=unit)
+        m.output.dense = _row(sp, m.output.dense, group, size, rank, unit=unit)
         inner.num_attention_heads = inner.query.out_features // unit
         inner.all_head_size = inner.query.out_features
         return {"self.num_attention_heads": inner.num_attention_heads, "self.all_head_size": inner.all_head_size}
@@ -170,9 +186,9 @@ class TimmAttention(Layout):
     def refusal(self, m, size):
         return _too_few("attention heads", m.num_heads, size)
 
-    def apply(self, m, group, size, rank):
-        m.qkv = ColumnProjection(m.qkv, group, size, rank, SharedInputCopy(group, 1), blocks=3, unit=m.head_dim)
-        m.proj = RowProjection(m.proj, group, size, rank, unit=m.head_dim)
+    def apply(self, m, group, size, rank, sp=False):
+        m.qkv = ColumnProjection(m.qkv, group, size, rank, block_input(group, 1, sp), blocks=3, unit=m.head_dim)
+        m.proj = _row(sp, m.proj, group, size, rank, unit=m.head_dim)
         m.num_heads = m.qkv.out_features // (3 * m.head_dim)
         m.attn_dim = m.num_heads * m.head_dim
         return {"num_heads": m.num_heads, "attn_dim": m.attn_dim}
@@ -197,12 +213,12 @@ class MinGPTAttention(Layout):
     def refusal(self, m, size):
         return _too_few("attention heads", m.n_head, size)
 
-    def apply(self, m, group, size, rank):
+    def apply(self, m, group, size, rank, sp=False):
         unit = m.query.out_features // m.n_head
-        shared = SharedInputCopy(group, 3)
+        shared = block_input(group, 3, sp)
         for name in ("key", "query", "value"):
             setattr(m, name, ColumnProjection(getattr(m, name), group, size, rank, shared, unit=unit))
-        m.proj = RowProjection(m.proj, group, size, rank, unit=unit)
+        m.proj = _row(sp, m.proj, group, size, rank, unit=unit)
         m.n_head = m.query.out_features // unit
         return {"n_head": m.n_head}
 
@@ -218,9 +234,9 @@ class GPT2MLP(Layout):
     def refusal(self, m, size):
         return _too_few("hidden features", m.c_fc.nf, size)
 
-    def apply(self, m, group, size, rank):
-        m.c_fc = ColumnProjection(m.c_fc, group, size, rank, SharedInputCopy(group, 1))
-        m.c_proj = RowProjection(m.c_proj, group, size, rank)
+    def apply(self, m, group, size, rank, sp=False):
+        m.c_fc = ColumnProjection(m.c_fc, group, size, rank, block_input(group, 1, sp))
+        m.c_proj = _row(sp, m.c_proj, group, size, rank)
         return {}
 
 
@@ -237,11 +253,11 @@ class GatedMLP(Layout):
     def refusal(self, m, size):
         return _too_few("hidden features", m.up_proj.out_features, size)
 
-    def apply(self, m, group, size, rank):
-        shared = SharedInputCopy(group, 2)
+    def apply(self, m, group, size, rank, sp=False):
+        shared = block_input(group, 2, sp)
         m.gate_proj = ColumnProjection(m.gate_proj, group, size, rank, shared)
         m.up_proj = ColumnProjection(m.up_proj, group, size, rank, shared)
-        m.down_proj = RowProjection(m.down_proj, group, size, rank)
+        m.down_proj = _row(sp, m.down_proj, group, size, rank)
         return {}
 
 
@@ -260,9 +276,12 @@ class BertMLP(Layout):
     def refusal(self, m, size):
         return _too_few("hidden features", m.intermediate.dense.out_features, size)
 
-    def apply(self, m, group, size, rank):
-        m.intermediate.dense = ColumnProjection(m.intermediate.dense, group, size, rank, SharedInputCopy(group, 1))
-        m.output.dense = RowProjection(m.output.dense, group, size, rank)
+    def gather_point(self, m):
+        return m.intermediate
+
+    def apply(self, m, group, size, rank, sp=False):
+        m.intermediate.dense = ColumnProjection(m.intermediate.dense, group, size, rank, block_input(group, 1, sp))
+        m.output.dense = _row(sp, m.output.dense, group, size, rank)
         return {}
 
 
@@ -279,9 +298,9 @@ class TimmMlp(Layout):
     def refusal(self, m, size):
         return _too_few("hidden features", m.fc1.out_features, size)
 
-    def apply(self, m, group, size, rank):
-        m.fc1 = ColumnProjection(m.fc1, group, size, rank, SharedInputCopy(group, 1))
-        m.fc2 = RowProjection(m.fc2, group, size, rank)
+    def apply(self, m, group, size, rank, sp=False):
+        m.fc1 = ColumnProjection(m.fc1, group, size, rank, block_input(group, 1, sp))
+        m.fc2 = _row(sp, m.fc2, group, size, rank)
         return {}
 
 
@@ -308,10 +327,10 @@ class SequentialMLP(Layout):
     def refusal(self, m, size):
         return _too_few("hidden features", self._pair(m)[0][1].out_features, size)
 
-    def apply(self, m, group, size, rank):
+    def apply(self, m, group, size, rank, sp=False):
         (up_name, up), (down_name, down) = self._pair(m)
-        m._modules[up_name] = ColumnProjection(up, group, size, rank, SharedInputCopy(group, 1))
-        m._modules[down_name] = RowProjection(down, group, size, rank)
+        m._modules[up_name] = ColumnProjection(up, group, size, rank, block_input(group, 1, sp))
+        m._modules[down_name] = _row(sp, down, group, size, rank)
         return {}
 
 

@@ -60,6 +60,79 @@ class SharedInputCopy:
         return copied
 
 
+class SequenceGathered:
+    """The input mapping of column-parallel projections under sequence
+    parallelism: the module owning them all-gathers its input along the
+    sequence (``gather_sequence_before``), whose backward reduce-scatters
+    the gradient; the projections then read it as it is."""
+
+    def __call__(self, input: torch.Tensor) -> torch.Tensor:
+        return input
+
+
+def block_input(group: str, members: int, sequence_parallel: bool):
+    """The input mapping shared by ``members`` column-parallel projections of one block."""
+    return SequenceGathered() if sequence_parallel else SharedInputCopy(group, members)
+
+
+def _first_tensor_argument(args, kwargs):
+    if args:
+        return "args", 0
+    for key in ("hidden_states", "x", "input"):
+        if torch.is_tensor(kwargs.get(key)):
+            return "kwargs", key
+    raise ValueError("parallelize(sequence_parallel=True): cannot find the hidden states among the module's "
+                     f"arguments (positional first, or hidden_states=/x=/input=), got keywords {sorted(kwargs)}")
+
+
+def _replace_argument(args, kwargs, function):
+    where, key = _first_tensor_argument(args, kwargs)
+    if where == "args":
+        args = (function(args[0]),) + tuple(args[1:])
+    else:
+        kwargs = dict(kwargs, **{key: function(kwargs[key])})
+    return args, kwargs
+
+
+def _check_sequence(tensor: torch.Tensor, dim: int, group: str) -> None:
+    from ...distributed import state
+    size = state.get_group_size(group)
+    if tensor.dim() <= dim or tensor.shape[dim] < size:
+        raise ValueError(f"parallelize(sequence_parallel=True): the hidden states must be [batch, sequence, ...] "
+                         f"with at least {size} positions (one per rank), got shape {tuple(tensor.shape)}")
+
+
+def gather_sequence_before(module: nn.Module, group: str, dim: int = 1):
+    """Makes ``module`` see its hidden states whole along the sequence: all-gather forward, reduce-scatter backward."""
+    def hook(_, args, kwargs):
+        return _replace_argument(args, kwargs, lambda x: mappings.all_gather(x, dim, group))
+    return module.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def scatter_sequence_before(module: nn.Module, group: str, dim: int = 1):
+    """The first block of a sequence-parallel region: each rank keeps its slice of the sequence."""
+    def scatter(x):
+        _check_sequence(x, dim, group)
+        return mappings.scatter(x, dim, group)
+
+    def hook(_, args, kwargs):
+        return _replace_argument(args, kwargs, scatter)
+    return module.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def gather_sequence_after(module: nn.Module, group: str, dim: int = 1):
+    """The last block of a sequence-parallel region: its output whole again, for the replicated layers after it
+    (backward keeps this rank's slice of their gradient, which every rank computes whole)."""
+    def hook(_, args, output):
+        if torch.is_tensor(output):
+            return mappings.gather_replicated(output, dim, group)
+        if isinstance(output, tuple) and output and torch.is_tensor(output[0]):
+            return (mappings.gather_replicated(output[0], dim, group),) + tuple(output[1:])
+        raise ValueError(f"parallelize(sequence_parallel=True): {type(module).__name__} returned "
+                         f"{type(output).__name__}, not a tensor or a tuple starting with one")
+    return module.register_forward_hook(hook)
+
+
 def _rows(weight: torch.Tensor, dim: int, pieces: Sequence[Tuple[int, int]]) -> torch.Tensor:
     parts = [weight.narrow(dim, offset, length) for offset, length in pieces]
     return (parts[0] if len(parts) == 1 else torch.cat(parts, dim)).detach().clone()
@@ -82,7 +155,7 @@ class ColumnProjection(nn.Module):
     attention's query heads that share a key/value head.) The input is whole; its gradient is
     all-reduced once per ``shared`` copy."""
 
-    def __init__(self, source: nn.Module, group: str, group_size: int, group_rank: int, shared: SharedInputCopy,
+    def __init__(self, source: nn.Module, group: str, group_size: int, group_rank: int, shared,
                  blocks: int = 1, unit: int = 1) -> None:
         super().__init__()
         self.transposed = is_conv1d(source)
@@ -117,14 +190,16 @@ class RowProjection(nn.Module):
     whole heads of ``unit`` features):
     it reads the sharded output of a column-parallel projection, sums the
     partial products over the group (one all-reduce forward, none backward)
-    and adds the whole bias once."""
+    and adds the whole bias once. ``sequence_dim`` (sequence parallelism):
+    reduce-scatter along it instead, each rank keeping its part of the sequence."""
 
-    def __init__(self, source: nn.Module, group: str, group_size: int, group_rank: int, unit: int = 1) -> None:
+    def __init__(self, source: nn.Module, group: str, group_size: int, group_rank: int, unit: int = 1,
+                 sequence_dim: Optional[int] = None) -> None:
         super().__init__()
         self.transposed = is_conv1d(source)
         in_features, out_features = projection_sizes(source)
         self.full_in_features, self.full_out_features = in_features, out_features
-        self.group, self.unit = group, unit
+        self.group, self.unit, self.sequence_dim = group, unit, sequence_dim
         self.pieces = split_pieces(in_features, group_size, group_rank, 1, unit)
         in_dim = 0 if self.transposed else 1
         self.weight = nn.Parameter(_rows(source.weight, in_dim, self.pieces),
@@ -141,7 +216,10 @@ class RowProjection(nn.Module):
             raise ValueError(f"{type(self).__name__}: input must be this rank's shard of {self.full_in_features} "
                              f"features ({self.in_features} here), got last dim {input.shape[-1]}")
         partial = _apply(input, self.weight, None, self.transposed)
-        output = mappings.reduce(partial, self.group)
+        if self.sequence_dim is None:
+            output = mappings.reduce(partial, self.group)
+        else:
+            output = mappings.reduce_scatter(partial, self.sequence_dim, self.group)
         return output if self.bias is None else output + self.bias
 
     def extra_repr(self) -> str:
@@ -160,7 +238,7 @@ class ReplicatedKeyValue(nn.Module):
     ``copy``: its gradient is summed over the group in backward (exact)."""
 
     def __init__(self, source: nn.Linear, group: str, head_dim: int, kv_heads: List[int],
-                 shared: SharedInputCopy) -> None:
+                 shared) -> None:
         super().__init__()
         self.group, self.head_dim = group, head_dim
         self.weight = source.weight
