@@ -67,7 +67,8 @@ def _gpt2(args):
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
     config = GPT2Config(vocab_size=args.vocab, n_positions=args.seq_len, n_embd=args.width, n_layer=args.layers,
-                        n_head=args.heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+                        n_head=args.heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                        bos_token_id=args.vocab - 1, eos_token_id=args.vocab - 1)
     torch.manual_seed(0)
     model = GPT2LMHeadModel(config)
     model.loss_type = "ForCausalLM"  # transformers reads it off the class name, which GPT2LMHeadModel's lacks
