@@ -19,8 +19,8 @@ byte-level BPE (``--vocab`` tokens) that the first run trains and caches under
 ``--cache-dir`` (see stdlib_corpus.py). Rank 0 shows a progress bar (loss,
 tokens/s) and the held-out perplexity every ``--eval-every`` steps and after
 the last; at the end each rank prints its parameter and peak memory against
-the unsharded model's, measured the same way (one unsharded training step on
-this rank's batch, after the run).
+the unsharded model's, measured the same way (two training steps of the
+unsharded model on this rank's batch, after the run).
 """
 import argparse
 import math
@@ -255,9 +255,10 @@ def main(argv=None):
         progress.close()
     if rank == 0 and losses:
         first, last = min(losses), max(losses)
+        before, after = math.exp(evaluations[min(evaluations)]), math.exp(evaluations[max(evaluations)])
         print(f"trained steps {first + 1}-{last + 1}: loss {losses[first]:.3f} -> {losses[last]:.3f}; held-out "
-              f"perplexity {math.exp(evaluations[min(evaluations)]):.2f} -> {math.exp(evaluations[max(evaluations)]):.2f}; "
-              f"{tokens / train_seconds:.0f} tokens/s (training steps only)", flush=True)
+              f"perplexity {before:.2f} -> {after:.2f}; {tokens / train_seconds:.0f} tokens/s (training steps only)",
+              flush=True)
     if args.save:
         save_checkpoint(args.save, args.steps, {"model": lm}, net, optimizer, None, scheduler)
     if args.dump_params:

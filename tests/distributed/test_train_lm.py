@@ -1,8 +1,8 @@
 """The second main job (examples/python/train_lm.py) at a tiny size on 2 CPU
 ranks, run as a user runs it: it learns, the held-out perplexity it prints is
 exp of the held-out loss of its own final model computed here without
-shardtorch, the fused loss trains like the unfused one, and a resumed run
-continues exactly."""
+shardtorch, the fused loss and sequence parallelism train like the plain run,
+and a resumed run continues exactly."""
 import importlib.util
 import json
 import math
@@ -13,7 +13,6 @@ import sys
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from tests.distributed.harness import REPO, run_script
 
@@ -118,18 +117,32 @@ def test_memory_report_per_rank(tmp_path, cache_dir):
         assert code == 0, out[-4000:]
     for rank in (0, 1):
         found = re.search(rf"^\[rank {rank}\] parameters +([0-9.]+) MiB \(unsharded +([0-9.]+) MiB, ([0-9.]+)x\); "
-                          rf"peak training memory +([0-9.]+) MiB \(unsharded +([0-9.]+) MiB, ([0-9.]+)x\)$", output, re.M)
+                          rf"peak training memory +([0-9.]+) MiB \(unsharded +([0-9.]+) MiB, ([0-9.]+)x\)$",
+                          output, re.M)
         assert found, output[-3000:]
         assert 1.8 < float(found.group(3)) <= 2.0 and float(found.group(6)) > 1.2, found.group(0)
 
 
-def test_fused_loss_trains_like_the_unfused_one(tmp_path, cache_dir):
-    unfused, unfused_heldout, _ = _train(tmp_path, cache_dir, "unfused", "--steps", 4, "--eval-every", 0)
-    fused, fused_heldout, _ = _train(tmp_path, cache_dir, "fused", "--steps", 4, "--eval-every", 0, "--fused-loss")
-    for step in unfused:
-        assert fused[step] == pytest.approx(unfused[step], rel=1e-10), (step, fused, unfused)
-    for step in unfused_heldout:
-        assert fused_heldout[step] == pytest.approx(unfused_heldout[step], rel=1e-10)
+@pytest.fixture(scope="module")
+def plain_run(tmp_path_factory, cache_dir):
+    """(losses, held-out losses) of 4 plain steps, for the variants to match."""
+    losses, heldout, _ = _train(tmp_path_factory.mktemp("plain"), cache_dir, "plain", "--steps", 4,
+                                "--eval-every", 0)
+    return losses, heldout
+
+
+@pytest.mark.parametrize("variant", [["--fused-loss"], ["--sequence-parallel"]])
+def test_variant_trains_like_the_plain_run(tmp_path, cache_dir, plain_run, variant):
+    """The fused loss (logits never formed) and sequence parallelism change
+    where the work happens, not the result: the same losses in float64."""
+    plain, plain_heldout = plain_run
+    other, other_heldout, _ = _train(tmp_path, cache_dir, "variant", "--steps", 4, "--eval-every", 0, *variant)
+    assert sorted(other) == sorted(plain) == [0, 1, 2, 3]
+    for step in plain:
+        assert other[step] == pytest.approx(plain[step], rel=1e-10), (step, other, plain)
+    assert sorted(other_heldout) == sorted(plain_heldout) == [0, 4]
+    for step in plain_heldout:
+        assert other_heldout[step] == pytest.approx(plain_heldout[step], rel=1e-10)
 
 
 def test_resume_continues_exactly(tmp_path, cache_dir):
