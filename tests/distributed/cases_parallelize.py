@@ -369,3 +369,70 @@ def case_sequence_parallel_collectives_per_block():
     _check_collective_count(models.llama, _causal_step, 2, "llama sp", sequence_parallel=True)
     _check_collective_count(models.vit, _image_step, 2, "vit sp", vocab_embedding=False, vocab_head=False,
                             sequence_parallel=True)
+
+
+def case_optimizer_state_collects_as_the_unsharded_optimizers():
+    for build, name in ((models.gpt2, "gpt2"), (lambda: models.llama(kv_heads=2, heads=8), "llama kv=2")):
+        ref, par = _pair(build)
+        optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (ref, par)]
+        for index in range(2):
+            for model, optimizer, parallel in ((ref, optimizers[0], False), (par, optimizers[1], True)):
+                optimizer.zero_grad()
+                _causal_step(model, parallel, 20 + index)[0].backward()
+                optimizer.step()
+        collected = ts.collect_optimizer_state_dict(par, optimizers[1])
+        expected = optimizers[0].state_dict()
+        names = [n for n, _ in ref.named_parameters()]
+        assert collected["param_groups"][0]["param_names"] == names, collected["param_groups"][0]["param_names"]
+        for index, state in expected["state"].items():
+            for key in ("exp_avg", "exp_avg_sq"):
+                assert_close(collected["state"][index][key], state[key], F64, f"{name} {names[index]} {key}")
+
+
+def case_attention_dropout_draws_from_the_model_parallel_stream():
+    from transformers import GPT2Config, GPT2LMHeadModel
+    config = GPT2Config(vocab_size=models.VOCAB, n_positions=16, n_embd=60, n_layer=2, n_head=10, n_inner=88,
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.5, attn_implementation="eager")
+    ts.random.model_parallel_seed(1234)
+    model = ts.nn.parallelize(GPT2LMHeadModel(config).to(F64))
+    ids, labels = _tokens()
+    model.eval()
+    without_dropout = model(input_ids=ids, labels=labels).loss.detach()
+    model.train()
+    tracker = ts.random.get_rng_tracker()
+    stream_before = [s.clone() for s in tracker.get_states()[ts.random.MODEL_PARALLEL]]
+    default_before = torch.get_rng_state()
+    loss = model(input_ids=ids, labels=labels).loss
+    loss.backward()
+    stream_after = tracker.get_states()[ts.random.MODEL_PARALLEL]
+    # The heads' dropout drew from the model-parallel stream (seeded per rank: masks differ across the
+    # group's heads), and nothing drew from the default stream, whose masks the replicated activations share.
+    assert not torch.equal(stream_before[0], stream_after[0]), "the model-parallel stream did not advance"
+    assert torch.equal(default_before, torch.get_rng_state()), "the default stream advanced inside the heads"
+    assert not torch.isclose(loss.detach(), without_dropout), "dropout did not drop anything"
+    losses = [torch.zeros((), dtype=F64) for _ in range(ts.distributed.get_group_size())]
+    torch.distributed.all_gather(losses, loss.detach(), group=ts.distributed.get_group())
+    assert all(torch.equal(value, losses[0]) for value in losses), f"ranks disagree on the loss: {losses}"
+
+
+def case_data_parallel_2d_trains_like_unsharded_on_the_global_batch():
+    # DDP over the data-parallel group (layout "2d") around a parallelized Llama (GQA): each data-parallel
+    # rank reads its own batch; training equals the unsharded model on the concatenated batch.
+    dp_size, dp_rank = ts.distributed.get_data_parallel_size(), ts.distributed.get_data_parallel_rank()
+    ref, par = _pair(models.llama)
+    ddp = ts.nn.parallel.DistributedDataParallel(par, layout="2d")
+    optimizers = [torch.optim.AdamW(ref.parameters(), lr=1e-2), torch.optim.AdamW(ddp.parameters(), lr=1e-2)]
+    for step in range(3):
+        batches = [_tokens(100 + 10 * step + r, batch=2)[0] for r in range(dp_size)]
+        optimizers[0].zero_grad()
+        whole = torch.cat(batches)
+        logits = ref(input_ids=whole).logits
+        _causal_reference_loss(logits, whole).backward()  # no ignored labels: the mean of per-rank means
+        optimizers[0].step()
+        optimizers[1].zero_grad()
+        mine = batches[dp_rank]
+        ddp(input_ids=mine, labels=mine).loss.backward()
+        optimizers[1].step()
+    collected = ts.collect_state_dict(par, par.state_dict())
+    for key, value in ref.state_dict().items():
+        assert_close(collected[key], value, F64, f"llama under 2-D DDP: {key} after 3 AdamW steps")

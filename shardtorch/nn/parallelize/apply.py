@@ -10,8 +10,9 @@ from ...utils.shard_facts import named_parameter_shards, registered_shards
 from ..linear import ParallelLinear
 from ..parallel.plain_ddp import register_ddp_parameters_to_ignore
 from .blocks import find_layout
-from .layers import (ColumnProjection, ReplicatedKeyValue, RowProjection, SharedInputCopy, gather_sequence_after,
-                     gather_sequence_before, scatter_sequence_before)
+from .layers import (ColumnProjection, ReplicatedKeyValue, RowProjection, SharedInputCopy,
+                     draw_dropout_from_model_parallel_stream, gather_sequence_after, gather_sequence_before,
+                     scatter_sequence_before)
 from .plan import auto_plan, check_plan, unplaced
 from .report import parameter_bytes, print_report
 from .vocabulary import install_loss, tie, vocabulary_parallel
@@ -72,6 +73,8 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
             changed = layout.apply(module, group, size, rank, sequence_parallel)
             if sequence_parallel:
                 gather_sequence_before(layout.gather_point(module), group)
+            elif layout.head_dropout_region(module) is not None:
+                draw_dropout_from_model_parallel_stream(layout.head_dropout_region(module))
             notes = ", ".join(f"{k}={v}" for k, v in changed.items())
             placed.append((name, f"{style} ({layout.name})", notes))
             continue
@@ -93,6 +96,8 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
         gather_sequence_after(modules[blocks[-1]], group)
         placed.append((f"{blocks[0]} .. {blocks[-1]}", "sequence-parallel region", "dim 1"))
         sum_partial_gradients(model, [modules[name] for name in blocks], group)
+        for name in blocks:  # every activation inside is sharded: by heads, or by the sequence
+            draw_dropout_from_model_parallel_stream(modules[name])
     tie(model, replaced)
     register_ddp_parameters_to_ignore(model)
     head = _parallel_head(model)

@@ -64,6 +64,12 @@ class Layout:
         residual (BERT adds it inside its attention and output modules)."""
         return module
 
+    def head_dropout_region(self, module: nn.Module) -> Optional[nn.Module]:
+        """The submodule whose forward draws dropout only on this rank's heads
+        (to draw from the model-parallel stream), or None where its forward
+        may also drop replicated activations, or is not known to."""
+        return None
+
 
 def _row(sp: bool, source: nn.Module, group: str, size: int, rank: int, unit: int = 1) -> RowProjection:
     # Sequence parallelism: reduce-scatter along the sequence (dim 1 of [batch, sequence, features]).
@@ -96,6 +102,9 @@ class GPT2Attention(Layout):
         heads = m.c_attn.out_features // (3 * m.head_dim)
         m.num_heads, m.split_size = heads, heads * m.head_dim
         return {"num_heads": m.num_heads, "split_size": m.split_size}
+
+    def head_dropout_region(self, m):
+        return m if m.resid_dropout.p == 0 else None
 
 
 class LlamaAttention(Layout):
@@ -137,6 +146,9 @@ class LlamaAttention(Layout):
         m.num_key_value_groups = 1
         return {"num_key_value_groups": 1, "key/value": "replicated"}
 
+    def head_dropout_region(self, m):
+        return m  # attention_dropout, on the attention probabilities only
+
 
 class BertAttention(Layout):
     """Hugging Face BERT: ``self.query/key/value`` and ``output.dense``."""
@@ -159,6 +171,9 @@ class BertAttention(Layout):
 
     def gather_point(self, m):
         return m.self
+
+    def head_dropout_region(self, m):
+        return m.self  # the attention probabilities' dropout; output.dropout is on replicated activations
 
     def apply(self, m, group, size, rank, sp=False):
         inner, unit = m.self, m.self.attention_head_size
@@ -192,6 +207,9 @@ class TimmAttention(Layout):
         m.num_heads = m.qkv.out_features // (3 * m.head_dim)
         m.attn_dim = m.num_heads * m.head_dim
         return {"num_heads": m.num_heads, "attn_dim": m.attn_dim}
+
+    def head_dropout_region(self, m):
+        return m if m.proj_drop.p == 0 else None
 
 
 class MinGPTAttention(Layout):

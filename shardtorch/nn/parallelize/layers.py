@@ -258,3 +258,35 @@ class ReplicatedKeyValue(nn.Module):
 
     def extra_repr(self) -> str:
         return f"replicated {tuple(self.weight.shape)}, key/value heads per local query head {self.kv_heads}"
+
+
+def draw_dropout_from_model_parallel_stream(module: nn.Module) -> None:
+    """Makes ``module``'s forward, while training, draw its random numbers from
+    shardtorch.random's model-parallel stream (different per rank of the
+    group) when that stream is seeded (``ts.random.model_parallel_seed``):
+    dropout on sharded activations (this rank's heads, its part of the
+    sequence) then draws masks independent across ranks, and the default
+    stream, which replicated activations draw from, does not advance inside.
+    Hooks, not a replaced forward, so that copies of the model stay right."""
+    module.register_forward_pre_hook(_enter_model_parallel_stream)
+    module.register_forward_hook(_leave_model_parallel_stream, always_call=True)
+
+
+_FORK_ATTR = "_shardtorch_dropout_fork"
+
+
+def _enter_model_parallel_stream(module, args):
+    from ... import random as ts_random
+    if module.training and ts_random.MODEL_PARALLEL in ts_random.get_rng_tracker().names():
+        context = ts_random.fork()
+        context.__enter__()
+        module.__dict__.setdefault(_FORK_ATTR, []).append(context)
+    else:
+        module.__dict__.setdefault(_FORK_ATTR, []).append(None)
+
+
+def _leave_model_parallel_stream(module, args, output):
+    stack = module.__dict__.get(_FORK_ATTR)
+    context = stack.pop() if stack else None
+    if context is not None:
+        context.__exit__(None, None, None)
