@@ -77,8 +77,9 @@ def _check_against_model(model: torch.nn.Module, state_dict: dict) -> None:
 def _gather_everywhere(tensor: torch.Tensor, entry: EntryLayout) -> torch.Tensor:
     """Every member of the group receives the full tensor, each shard broadcast
     by its holder straight into its place (rows) or through one shard-sized
-    buffer (columns). Unlike the core's all-gather, which pads shards to equal
-    size and concatenates, nothing beyond the result and one shard is held."""
+    buffer (columns, or a head-aligned split's several pieces). Unlike the
+    core's all-gather, which pads shards to equal size and concatenates,
+    nothing beyond the result and one shard is held."""
     members = state.get_group_ranks(entry.group)
     if len(members) == 1:
         return tensor
@@ -86,20 +87,20 @@ def _gather_everywhere(tensor: torch.Tensor, entry: EntryLayout) -> torch.Tensor
     rank = state.get_rank()
     full = torch.empty(entry.full_shape, dtype=tensor.dtype, device=tensor.device)
     for group_rank, peer in enumerate(members):
-        offset, length = entry.slice_of(group_rank)
-        if length == 0:
+        shape = entry.shard_shape(group_rank)
+        if shape[entry.dim] == 0:
             continue
-        target = full.narrow(entry.dim, offset, length)
-        if entry.dim == 0:
-            buffer = target
+        if entry.dim == 0 and entry.contiguous:
+            offset, length = entry.slice_of(group_rank)
+            buffer = full.narrow(0, offset, length)
             if peer == rank:
                 buffer.copy_(tensor)
         else:
             buffer = tensor.detach().contiguous() if peer == rank else torch.empty(
-                target.shape, dtype=tensor.dtype, device=tensor.device)
+                shape, dtype=tensor.dtype, device=tensor.device)
         dist.broadcast(buffer, peer, group=process_group)
-        if buffer is not target:
-            target.copy_(buffer)
+        if not (entry.dim == 0 and entry.contiguous):
+            entry.place(full, buffer, group_rank)
     return full
 
 
@@ -115,16 +116,16 @@ def _gather_to(tensor: torch.Tensor, entry: EntryLayout, dst: int) -> Optional[t
         return None
     full = torch.empty(entry.full_shape, dtype=tensor.dtype, device=tensor.device)
     for group_rank, peer in enumerate(members):
-        offset, length = entry.slice_of(group_rank)
-        target = full.narrow(entry.dim, offset, length)
+        shape = entry.shard_shape(group_rank)
         if peer == rank:
-            target.copy_(tensor)
-        elif target.numel() == 0:
+            entry.place(full, tensor, group_rank)
+        elif shape[entry.dim] == 0:
             continue
-        elif entry.dim == 0:
-            dist.recv(target, peer)  # rows of a contiguous tensor: receive in place
+        elif entry.dim == 0 and entry.contiguous:
+            offset, length = entry.slice_of(group_rank)
+            dist.recv(full.narrow(0, offset, length), peer)  # rows of a contiguous tensor: receive in place
         else:
-            buffer = torch.empty(target.shape, dtype=tensor.dtype, device=tensor.device)
+            buffer = torch.empty(shape, dtype=tensor.dtype, device=tensor.device)
             dist.recv(buffer, peer)
-            target.copy_(buffer)
+            entry.place(full, buffer, group_rank)
     return full

@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from .. import _C
 from ..distributed import state
-from ..utils.shard_facts import named_parameter_shards
+from ..utils.shard_facts import named_parameter_shards, split_pieces
 from ..utils.shards import shard_range
 from .fully_sharded import Spec, check_mesh, dtensor_spec
 
@@ -39,20 +39,57 @@ class EntryLayout:
     group_rank: int = 0
     group_size: int = 1
     fsdp: Optional[Spec] = field(default=None, compare=False)  # under fully_shard: (mesh, placements)
+    blocks: int = 1                      # a head-aligned or fused split (shardtorch.utils.shard_facts)
+    unit: int = 1
 
     @property
     def sharded(self) -> bool:
         return self.dim is not None
 
+    @property
+    def contiguous(self) -> bool:
+        """Whether every rank holds one contiguous slice by the plain split rule."""
+        return self.blocks == 1 and self.unit == 1
+
     def slice_of(self, group_rank: int) -> Tuple[int, int]:
-        """(offset, length) along ``dim`` held by ``group_rank``."""
+        """(offset, length) along ``dim`` held by ``group_rank`` (a contiguous split only)."""
+        if not self.contiguous:
+            raise NotImplementedError(
+                f"state dict entry {self.key!r} is split by whole heads ({self.blocks} fused part(s) of "
+                f"{self.unit}-element heads, ts.nn.parallelize), not in one slice per rank: sharded checkpoints "
+                f"(ts.save_sharded, DCP) of such entries are not supported yet; use ts.collect_state_dict and "
+                f"ts.relocate_state_dict")
         start, stop = shard_range(self.full_shape[self.dim], self.group_size, group_rank)
         return start, stop - start
 
+    def pieces_of(self, group_rank: int) -> List[Tuple[int, int]]:
+        """[(offset along ``dim`` in the full tensor, length)] held by
+        ``group_rank``, in the order its shard stores them."""
+        return split_pieces(self.full_shape[self.dim], self.group_size, group_rank, self.blocks, self.unit)
 
-def _sharded_entries(model: torch.nn.Module) -> Dict[str, Tuple[int, str, Optional[int]]]:
-    """{state-dict key: (split dim, group, recorded full size or None)} for every sharded parameter."""
-    return {key: (spec.dim, spec.group, spec.full_size) for key, _, spec in named_parameter_shards(model)}
+    def shard_shape(self, group_rank: int) -> Tuple[int, ...]:
+        """The shape of the shard ``group_rank`` holds."""
+        shape = list(self.full_shape)
+        shape[self.dim] = sum(length for _, length in self.pieces_of(group_rank))
+        return tuple(shape)
+
+    def take(self, full: torch.Tensor, group_rank: int) -> torch.Tensor:
+        """``group_rank``'s shard of the full tensor (a view when it is one slice)."""
+        pieces = [full.narrow(self.dim, offset, length) for offset, length in self.pieces_of(group_rank)]
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces, self.dim)
+
+    def place(self, full: torch.Tensor, shard: torch.Tensor, group_rank: int) -> None:
+        """Copies ``group_rank``'s shard into its places in the full tensor."""
+        start = 0
+        for offset, length in self.pieces_of(group_rank):
+            full.narrow(self.dim, offset, length).copy_(shard.narrow(self.dim, start, length))
+            start += length
+
+
+def _sharded_entries(model: torch.nn.Module) -> Dict[str, Tuple[int, str, Optional[int], int, int]]:
+    """{state-dict key: (split dim, group, recorded full size or None, blocks, unit)} for every sharded parameter."""
+    return {key: (spec.dim, spec.group, spec.full_size, spec.blocks, spec.unit)
+            for key, _, spec in named_parameter_shards(model)}
 
 
 def model_layout(model: torch.nn.Module, state_dict: Optional[dict] = None) -> Dict[str, EntryLayout]:
@@ -65,25 +102,26 @@ def model_layout(model: torch.nn.Module, state_dict: Optional[dict] = None) -> D
         state_dict = model.state_dict()
     sharded = _sharded_entries(model)
     by_group: Dict[str, List[str]] = {}
-    for key, (_, group, _) in sharded.items():
+    for key, (_, group, _, _, _) in sharded.items():
         if key in state_dict:
             by_group.setdefault(group, []).append(key)
     full_sizes = {}
     # Every rank walks the groups in the same (sorted) order.
     for group, keys in sorted(by_group.items()):
         full_sizes.update(_exchange_full_sizes(state_dict, keys, {k: sharded[k][0] for k in keys}, group,
-                                               {k: sharded[k][2] for k in keys}))
+                                               {k: sharded[k][2] for k in keys},
+                                               {k: sharded[k][3] * sharded[k][4] for k in keys}))
     layout = {}
     for key, tensor in state_dict.items():
         shape = tuple(tensor.shape)
         fsdp = dtensor_spec(tensor)
         if key in full_sizes:
-            dim, group, _ = sharded[key]
+            dim, group, _, blocks, unit = sharded[key]
             check_mesh(key, fsdp, group, _ranks_holding_the_same_shard(group))
             full = list(shape)
             full[dim] = full_sizes[key]
             layout[key] = EntryLayout(key, shape, tuple(full), tensor.dtype, tensor.device, dim, group,
-                                      state.get_group_rank(group), state.get_group_size(group), fsdp)
+                                      state.get_group_rank(group), state.get_group_size(group), fsdp, blocks, unit)
         else:
             layout[key] = EntryLayout(key, shape, shape, tensor.dtype, tensor.device, fsdp=fsdp)
     return layout
@@ -100,7 +138,7 @@ _MAX_DIMS = 8  # shapes travel padded to this many dimensions, so every rank sen
 
 
 def _exchange_full_sizes(state_dict, keys: List[str], dims: Dict[str, int], group: str,
-                         recorded: Dict[str, Optional[int]]) -> Dict[str, int]:
+                         recorded: Dict[str, Optional[int]], grains: Dict[str, int]) -> Dict[str, int]:
     size = state.get_group_size(group)
     shapes = [tuple(state_dict[k].shape) for k in keys]
     if size == 1:
@@ -130,11 +168,14 @@ def _exchange_full_sizes(state_dict, keys: List[str], dims: Dict[str, int], grou
                 f"name the dimension that was split? see docs/torchshard.md)")
         per_rank = [shape[dim] for shape in per_rank_shapes]
         total = sum(per_rank)
-        if per_rank != list(_C.shard_sizes(total, size)):
+        # A head-aligned split holds whole grains (blocks x unit elements: one head from each fused part).
+        grain = grains[key]
+        expected = [grain * n for n in _C.shard_sizes(total // grain, size)] if total % grain == 0 else None
+        if per_rank != expected:
             raise RuntimeError(
                 f"state dict entry {key!r}: shard sizes along dim {dim} over group {group!r} "
-                f"are {per_rank}, which break the split rule for a total of {total} "
-                f"(expected {list(_C.shard_sizes(total, size))})")
+                f"are {per_rank}, which break the split rule for a total of {total} in grains of {grain} "
+                f"(expected {expected})")
         if recorded[key] is not None and recorded[key] != total:
             raise RuntimeError(
                 f"state dict entry {key!r}: its layer records a full size of {recorded[key]} along dim "

@@ -81,8 +81,7 @@ def _scatter_slices(full: Optional[torch.Tensor], entry: EntryLayout, dtype: tor
     if rank == src:
         mine = None
         for group_rank, ranks in enumerate(_ranks_by_group_rank(entry.group)):
-            offset, length = entry.slice_of(group_rank)
-            piece = full.narrow(entry.dim, offset, length).to(device).contiguous()
+            piece = entry.take(full, group_rank).to(device).contiguous()
             for peer in ranks:
                 if peer == rank:
                     # Own a copy rather than a view that would keep the whole

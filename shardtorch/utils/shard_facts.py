@@ -10,6 +10,14 @@ length along it and the group; every shardtorch function that needs to know
 (checkpoints, the DDP wrapper, converters) reads it from here through
 ``named_parameter_shards``.
 
+A split need not be one contiguous slice per rank. Attention splits by whole
+heads, and a fused projection (GPT-2's ``c_attn``, timm's ``qkv``) stacks
+``blocks`` equal parts (q, k, v) along the split dimension, each of them
+split the same way: the dimension is ``blocks x units x unit`` (``unit``
+elements per head, ``units`` heads per part), and a group rank holds, from
+every part, the heads ``shard_range(units, size, rank)`` gives it. With
+``blocks = unit = 1`` (the default) this is the plain split rule.
+
 A parameter that no module registered but that carries a parallel mark on the
 tensor (``ts.register_parallel_dim`` / ``ts.set_attribute``, the way
 hand-written TorchShard-style layers mark theirs) is read from that mark, with
@@ -18,13 +26,14 @@ TorchShard's meaning (the layer's dim and ``order_type``, translated by
 (the checkpoint code then asks the group for it).
 """
 from dataclasses import dataclass
-from typing import Dict, Iterator, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torch import nn
 
 from ..distributed import state
 from .parallel_dim import parameter_split_dim
+from .shards import shard_range
 
 _SPECS_ATTR = "_shardtorch_shard_specs"
 
@@ -33,16 +42,41 @@ _SPECS_ATTR = "_shardtorch_shard_specs"
 class ShardSpec:
     """One sharded parameter: ``dim`` of the (unsharded) parameter tensor is
     split over ``group``, whose whole length along it is ``full_size``
-    (None: not recorded, to be asked of the group)."""
+    (None: not recorded, to be asked of the group). ``blocks`` and ``unit``
+    describe a head-aligned or fused split (module docstring); 1 and 1: the
+    plain split rule."""
     dim: int
     full_size: Optional[int]
     group: str
+    blocks: int = 1
+    unit: int = 1
+
+    @property
+    def plain(self) -> bool:
+        return self.blocks == 1 and self.unit == 1
+
+    def pieces(self, full_size: int, group_size: int, group_rank: int) -> List[Tuple[int, int]]:
+        """[(offset along dim in the whole tensor, length)] that ``group_rank``
+        holds, in the order its shard stores them."""
+        return split_pieces(full_size, group_size, group_rank, self.blocks, self.unit)
+
+
+def split_pieces(full_size: int, group_size: int, group_rank: int, blocks: int = 1,
+                 unit: int = 1) -> List[Tuple[int, int]]:
+    """The pieces of a ``blocks x units x unit`` split (see the module docstring)."""
+    if full_size % (blocks * unit) != 0:
+        raise ValueError(f"split_pieces: full_size {full_size} is not blocks ({blocks}) x unit ({unit}) x an "
+                         f"integer number of units")
+    units = full_size // (blocks * unit)
+    start, stop = shard_range(units, group_size, group_rank)
+    return [(b * units * unit + start * unit, (stop - start) * unit) for b in range(blocks)]
 
 
 def register_shard(module: nn.Module, name: str, dim: int, full_size: int,
-                   group: str = state.TENSOR_PARALLEL) -> None:
+                   group: str = state.TENSOR_PARALLEL, blocks: int = 1, unit: int = 1) -> None:
     """Records that ``module``'s parameter ``name`` is this rank's slice of a
-    tensor split along ``dim`` (non-negative) into ``full_size`` elements in all."""
+    tensor split along ``dim`` (non-negative) into ``full_size`` elements in all
+    (``blocks`` fused parts of heads of ``unit`` elements each: see the module docstring)."""
     if not isinstance(module, nn.Module):
         raise TypeError(f"register_shard: module must be a torch.nn.Module, got {type(module).__name__}")
     if not isinstance(dim, int) or isinstance(dim, bool) or dim < 0:
@@ -51,8 +85,14 @@ def register_shard(module: nn.Module, name: str, dim: int, full_size: int,
         raise ValueError(f"register_shard: full_size must be a non-negative int, got {full_size!r}")
     if not isinstance(group, str):
         raise TypeError(f"register_shard: group must be a shardtorch group name (str), got {group!r}")
+    for what, value in (("blocks", blocks), ("unit", unit)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"register_shard: {what} must be a positive int, got {value!r}")
+    if full_size % (blocks * unit) != 0:
+        raise ValueError(f"register_shard: full_size ({full_size}) must be a multiple of blocks x unit "
+                         f"({blocks} x {unit}) for {name!r}")
     specs = module.__dict__.setdefault(_SPECS_ATTR, {})
-    specs[name] = ShardSpec(dim, full_size, group)
+    specs[name] = ShardSpec(dim, full_size, group, blocks, unit)
 
 
 def unregister_shard(module: nn.Module, name: str) -> None:

@@ -1,0 +1,161 @@
+"""``parallelize``: applies a plan to a model in place."""
+import warnings
+from typing import Dict, List, Tuple, Union
+
+from torch import nn
+
+from ...distributed import state
+from ...distributed import mappings
+from ...utils.shard_facts import named_parameter_shards, registered_shards
+from ..linear import ParallelLinear
+from ..parallel.plain_ddp import register_ddp_parameters_to_ignore
+from .blocks import find_layout
+from .layers import (ColumnProjection, ReplicatedKeyValue, RowProjection, SharedInputCopy,
+                     draw_dropout_from_model_parallel_stream, gather_sequence_after, gather_sequence_before,
+                     scatter_sequence_before)
+from .plan import auto_plan, check_plan, unplaced
+from .report import parameter_bytes, print_report
+from .vocabulary import install_loss, tie, vocabulary_parallel
+
+
+def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", group: str = state.TENSOR_PARALLEL,
+                sequence_parallel: bool = False, verbose: bool = False) -> nn.Module:
+    """Shards ``model`` in place over the tensor-parallel ``group`` and returns it.
+
+    Args:
+        model: a model holding the same weights on every rank of the group
+            (built under the same seed, or loaded), on its device.
+        plan: "auto" (``auto_plan(model)``) or {qualified module name: style},
+            styles as in ``STYLES``: "attention" and "mlp" (a known layout:
+            Megatron's pairing, heads whole), "column" / "row" (one Linear or
+            Conv1D), "vocab" (token embedding or LM head split by vocabulary
+            rows; the head's logits stay sharded and marked), "replicate".
+        group: the shardtorch group name ("tp").
+        sequence_parallel: split the regions between blocks (norms, dropout,
+            residuals) along the sequence (dim 1 of [batch, sequence, ...]):
+            each attention and MLP all-gathers its input along the sequence
+            and its row-parallel projection reduce-scatters, the first block
+            takes this rank's slice and the last block's output is gathered
+            whole again (same communication volume, activations 1/N there).
+        verbose: print the plan, shard shapes, what stays whole, and the
+            parameter memory per rank against the whole model (group rank 0).
+
+    The model's own forward runs unchanged: each attention's head-count
+    attributes are set to its local heads. A bad plan raises ValueError on
+    every rank before any collective. A Hugging Face causal LM called with
+    ``labels=`` then computes the vocabulary-parallel loss from the shards.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"parallelize: model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(sequence_parallel, bool):
+        raise TypeError(f"parallelize: sequence_parallel must be a bool, got {sequence_parallel!r}")
+    if not isinstance(group, str):
+        raise TypeError(f"parallelize: group must be a shardtorch group name (str), got {group!r}")
+    size, rank = state.get_group_size(group), state.get_group_rank(group)
+    if isinstance(plan, str):
+        if plan != "auto":
+            raise ValueError(f"parallelize: plan must be 'auto' or a dict {{module name: style}}, got {plan!r}")
+        plan = auto_plan(model)
+    check_plan(model, plan, size)
+    blocks = _sequence_parallel_blocks(model, plan) if sequence_parallel else []
+    whole_bytes = parameter_bytes(model)
+    modules = dict(model.named_modules())
+    order = {name: i for i, name in enumerate(modules)}
+    placed: List[Tuple[str, str, str]] = []
+    replaced: Dict[int, tuple] = {}
+    for name in sorted(plan, key=order.__getitem__):
+        style, module = plan[name], modules[name]
+        if style == "replicate":
+            placed.append((name, style, "whole"))
+            continue
+        if style in ("attention", "mlp"):
+            layout = find_layout(module, style)
+            changed = layout.apply(module, group, size, rank, sequence_parallel)
+            if sequence_parallel:
+                gather_sequence_before(layout.gather_point(module), group)
+            elif layout.head_dropout_region(module) is not None:
+                draw_dropout_from_model_parallel_stream(layout.head_dropout_region(module))
+            notes = ", ".join(f"{k}={v}" for k, v in changed.items())
+            placed.append((name, f"{style} ({layout.name})", notes))
+            continue
+        if style == "column":
+            new = ColumnProjection(module, group, size, rank, SharedInputCopy(group, 1))
+        elif style == "row":
+            new = RowProjection(module, group, size, rank)
+        else:
+            new = vocabulary_parallel(module, group)
+            for pname, spec in registered_shards(new).items():
+                old = module._parameters[pname]
+                if id(old) in replaced:  # tied to a module already split: share its shard
+                    new._parameters[pname] = replaced[id(old)][1]
+                replaced.setdefault(id(old), (old, new._parameters[pname], spec))
+        _set_submodule(model, name, new)
+        placed.append((name, style, ""))
+    if blocks:
+        scatter_sequence_before(modules[blocks[0]], group)
+        gather_sequence_after(modules[blocks[-1]], group)
+        placed.append((f"{blocks[0]} .. {blocks[-1]}", "sequence-parallel region", "dim 1"))
+        sum_partial_gradients(model, [modules[name] for name in blocks], group)
+        for name in blocks:  # every activation inside is sharded: by heads, or by the sequence
+            draw_dropout_from_model_parallel_stream(modules[name])
+    tie(model, replaced)
+    register_ddp_parameters_to_ignore(model)
+    head = _parallel_head(model)
+    loss = install_loss(model, head, group) if head is not None else None
+    left = unplaced(model)
+    attention_left = [entry for entry in left if "attention" in entry.lower()]
+    if attention_left:
+        warnings.warn("parallelize: attention left whole (unknown layout): " + "; ".join(attention_left))
+    if verbose and rank == 0:
+        print_report(model, placed, left, whole_bytes, loss, group, size)
+    return model
+
+
+def sum_partial_gradients(model: nn.Module, blocks: List[nn.Module], group: str) -> None:
+    """Under sequence parallelism the whole parameters inside the blocks (norms, the row projections' biases)
+    see only this rank's part of the sequence, so each rank's gradient is a partial sum: a hook all-reduces it
+    over the group (one all-reduce per such parameter in backward)."""
+    sharded = {id(p) for _, p, _ in named_parameter_shards(model)}
+    summed = {id(p) for m in model.modules() if isinstance(m, ReplicatedKeyValue) for p in m.parameters()}
+    seen = set()
+    for block in blocks:
+        for param in block.parameters():
+            if id(param) in sharded or id(param) in summed or id(param) in seen or not param.requires_grad:
+                continue
+            seen.add(id(param))
+            param.register_hook(lambda grad: mappings.reduce(grad, group))
+
+
+def _sequence_parallel_blocks(model: nn.Module, plan: Dict[str, str]) -> List[str]:
+    """The blocks (parents of the planned attention modules) in model order: the sequence-parallel region
+    runs from the first one's input to the last one's output."""
+    modules = list(dict(model.named_modules()))
+    parents = {name.rpartition(".")[0] for name, style in plan.items() if style == "attention"}
+    if not parents or "" in parents:
+        raise ValueError("parallelize: sequence_parallel=True needs attention modules inside blocks in the plan "
+                         f"(the blocks bound the sequence-parallel region), got plan {plan}")
+    if any(style in ("column", "row") for style in plan.values()):
+        raise ValueError("parallelize: sequence_parallel=True works with 'attention' and 'mlp' entries, not with "
+                         "'column' / 'row' ones")
+    return sorted(parents, key=modules.index)
+
+
+def _set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
+    if name == "":
+        raise ValueError("parallelize: the root module itself cannot be given the style 'column', 'row' or "
+                         "'vocab'; name it inside a container")
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name)
+    setattr(parent, child, new)
+
+
+def _parallel_head(model: nn.Module):
+    """The model's LM head (Hugging Face's output embeddings) if it is now vocabulary-parallel, else None."""
+    getter = getattr(model, "get_output_embeddings", None)
+    if not callable(getter):
+        return None
+    try:
+        head = getter()
+    except (NotImplementedError, AttributeError):
+        return None
+    return head if isinstance(head, ParallelLinear) and head.dim in (1, -1) else None

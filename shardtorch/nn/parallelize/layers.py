@@ -1,0 +1,292 @@
+"""The projections parallelize puts in place of a model's own Linear or
+Conv1D layers: column-parallel by whole heads (fused q/k/v parts included),
+row-parallel, and a replicated key/value projection for grouped-query
+attention with fewer key/value heads than ranks.
+
+They keep the replaced layer's parameter names and orientation (a Conv1D's
+weight stays [in, out]), so that the model's state-dict keys do not change and
+a collected checkpoint is the unsharded model's own.
+"""
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...distributed import mappings
+from ...utils.shard_facts import register_shard, split_pieces
+
+
+def is_conv1d(module: nn.Module) -> bool:
+    """Hugging Face's Conv1D (GPT-2): a linear layer with its weight stored [in, out]."""
+    return type(module).__name__ == "Conv1D" and hasattr(module, "nf") and hasattr(module, "nx")
+
+
+def projection_sizes(module: nn.Module) -> Tuple[int, int]:
+    """(in_features, out_features) of a Linear or a Conv1D."""
+    if isinstance(module, nn.Linear):
+        return module.in_features, module.out_features
+    if is_conv1d(module):
+        return module.nx, module.nf
+    raise TypeError(f"parallelize: expected torch.nn.Linear or Conv1D, got {type(module).__name__}")
+
+
+def is_projection(module: nn.Module) -> bool:
+    return isinstance(module, nn.Linear) or is_conv1d(module)
+
+
+class SharedInputCopy:
+    """One ``copy`` (identity forward, all-reduce of the gradient backward) for
+    all the projections of a block that read the same input (q, k and v; gate
+    and up): the block's backward then all-reduces that input's gradient once
+    (Megatron's count), not once per projection. The copy is kept until every
+    member has read it, then dropped, so it pins no activation across steps."""
+
+    def __init__(self, group: str, members: int) -> None:
+        self.group, self.members = group, members
+        self._source: Optional[torch.Tensor] = None
+        self._copied: Optional[torch.Tensor] = None
+        self._reads = 0
+
+    def __call__(self, input: torch.Tensor) -> torch.Tensor:
+        if self._source is not None and self._source is input:
+            copied = self._copied
+            self._reads += 1
+        else:
+            copied = mappings.copy(input, self.group)
+            self._source, self._copied, self._reads = input, copied, 1
+        if self._reads >= self.members:
+            self._source = self._copied = None
+        return copied
+
+
+class SequenceGathered:
+    """The input mapping of column-parallel projections under sequence
+    parallelism: the module owning them all-gathers its input along the
+    sequence (``gather_sequence_before``), whose backward reduce-scatters
+    the gradient; the projections then read it as it is."""
+
+    def __call__(self, input: torch.Tensor) -> torch.Tensor:
+        return input
+
+
+def block_input(group: str, members: int, sequence_parallel: bool):
+    """The input mapping shared by ``members`` column-parallel projections of one block."""
+    return SequenceGathered() if sequence_parallel else SharedInputCopy(group, members)
+
+
+def _first_tensor_argument(args, kwargs):
+    if args:
+        return "args", 0
+    for key in ("hidden_states", "x", "input"):
+        if torch.is_tensor(kwargs.get(key)):
+            return "kwargs", key
+    raise ValueError("parallelize(sequence_parallel=True): cannot find the hidden states among the module's "
+                     f"arguments (positional first, or hidden_states=/x=/input=), got keywords {sorted(kwargs)}")
+
+
+def _replace_argument(args, kwargs, function):
+    where, key = _first_tensor_argument(args, kwargs)
+    if where == "args":
+        args = (function(args[0]),) + tuple(args[1:])
+    else:
+        kwargs = dict(kwargs, **{key: function(kwargs[key])})
+    return args, kwargs
+
+
+def _check_sequence(tensor: torch.Tensor, dim: int, group: str) -> None:
+    from ...distributed import state
+    size = state.get_group_size(group)
+    if tensor.dim() <= dim or tensor.shape[dim] < size:
+        raise ValueError(f"parallelize(sequence_parallel=True): the hidden states must be [batch, sequence, ...] "
+                         f"with at least {size} positions (one per rank), got shape {tuple(tensor.shape)}")
+
+
+def gather_sequence_before(module: nn.Module, group: str, dim: int = 1):
+    """Makes ``module`` see its hidden states whole along the sequence: all-gather forward, reduce-scatter backward."""
+    def hook(_, args, kwargs):
+        return _replace_argument(args, kwargs, lambda x: mappings.all_gather(x, dim, group))
+    return module.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def scatter_sequence_before(module: nn.Module, group: str, dim: int = 1):
+    """The first block of a sequence-parallel region: each rank keeps its slice of the sequence."""
+    def scatter(x):
+        _check_sequence(x, dim, group)
+        return mappings.scatter(x, dim, group)
+
+    def hook(_, args, kwargs):
+        return _replace_argument(args, kwargs, scatter)
+    return module.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def gather_sequence_after(module: nn.Module, group: str, dim: int = 1):
+    """The last block of a sequence-parallel region: its output whole again, for the replicated layers after it
+    (backward keeps this rank's slice of their gradient, which every rank computes whole)."""
+    def hook(_, args, output):
+        if torch.is_tensor(output):
+            return mappings.gather_replicated(output, dim, group)
+        if isinstance(output, tuple) and output and torch.is_tensor(output[0]):
+            return (mappings.gather_replicated(output[0], dim, group),) + tuple(output[1:])
+        raise ValueError(f"parallelize(sequence_parallel=True): {type(module).__name__} returned "
+                         f"{type(output).__name__}, not a tensor or a tuple starting with one")
+    return module.register_forward_hook(hook)
+
+
+def _rows(weight: torch.Tensor, dim: int, pieces: Sequence[Tuple[int, int]]) -> torch.Tensor:
+    parts = [weight.narrow(dim, offset, length) for offset, length in pieces]
+    return (parts[0] if len(parts) == 1 else torch.cat(parts, dim)).detach().clone()
+
+
+def _apply(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], transposed: bool):
+    if transposed:  # Conv1D's layout: weight [in, out]
+        output = input @ weight
+    else:
+        output = F.linear(input, weight)
+    return output if bias is None else output + bias
+
+
+class ColumnProjection(nn.Module):
+    """A Linear or Conv1D whose output features are split over the group by
+    whole heads: the out dimension is ``blocks`` fused parts (3 for a fused
+    q/k/v projection) of heads of ``unit`` features, and this rank holds, from
+    every part, the heads ``shard_range(heads, size, rank)`` gives it. (A
+    ``unit`` of several heads keeps groups of them together: grouped-query
+    attention's query heads that share a key/value head.) The input is whole; its gradient is
+    all-reduced once per ``shared`` copy."""
+
+    def __init__(self, source: nn.Module, group: str, group_size: int, group_rank: int, shared,
+                 blocks: int = 1, unit: int = 1) -> None:
+        super().__init__()
+        self.transposed = is_conv1d(source)
+        in_features, out_features = projection_sizes(source)
+        self.full_in_features, self.full_out_features = in_features, out_features
+        self.group, self.blocks, self.unit = group, blocks, unit
+        self.pieces = split_pieces(out_features, group_size, group_rank, blocks, unit)
+        out_dim = 1 if self.transposed else 0
+        self.weight = nn.Parameter(_rows(source.weight, out_dim, self.pieces),
+                                   requires_grad=source.weight.requires_grad)
+        self.bias = None if source.bias is None else nn.Parameter(_rows(source.bias, 0, self.pieces),
+                                                                  requires_grad=source.bias.requires_grad)
+        self.in_features = in_features
+        self.out_features = sum(length for _, length in self.pieces)
+        register_shard(self, "weight", out_dim, out_features, group, blocks, unit)
+        if self.bias is not None:
+            register_shard(self, "bias", 0, out_features, group, blocks, unit)
+        self._shared = shared
+        self.train(source.training)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return _apply(self._shared(input), self.weight, self.bias, self.transposed)
+
+    def extra_repr(self) -> str:
+        kind = "Conv1D" if self.transposed else "Linear"
+        return (f"{kind} {self.full_in_features}->{self.full_out_features}, column-parallel, blocks={self.blocks}, "
+                f"unit={self.unit}, shard={tuple(self.weight.shape)}, group={self.group!r}")
+
+
+class RowProjection(nn.Module):
+    """A Linear or Conv1D whose input features are split over the group (by
+    whole heads of ``unit`` features):
+    it reads the sharded output of a column-parallel projection, sums the
+    partial products over the group (one all-reduce forward, none backward)
+    and adds the whole bias once. ``sequence_dim`` (sequence parallelism):
+    reduce-scatter along it instead, each rank keeping its part of the sequence."""
+
+    def __init__(self, source: nn.Module, group: str, group_size: int, group_rank: int, unit: int = 1,
+                 sequence_dim: Optional[int] = None) -> None:
+        super().__init__()
+        self.transposed = is_conv1d(source)
+        in_features, out_features = projection_sizes(source)
+        self.full_in_features, self.full_out_features = in_features, out_features
+        self.group, self.unit, self.sequence_dim = group, unit, sequence_dim
+        self.pieces = split_pieces(in_features, group_size, group_rank, 1, unit)
+        in_dim = 0 if self.transposed else 1
+        self.weight = nn.Parameter(_rows(source.weight, in_dim, self.pieces),
+                                   requires_grad=source.weight.requires_grad)
+        self.bias = None if source.bias is None else nn.Parameter(source.bias.detach().clone(),
+                                                                  requires_grad=source.bias.requires_grad)
+        self.in_features = self.pieces[0][1]
+        self.out_features = out_features
+        register_shard(self, "weight", in_dim, in_features, group, 1, unit)
+        self.train(source.training)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if input.shape[-1] != self.in_features:
+            raise ValueError(f"{type(self).__name__}: input must be this rank's shard of {self.full_in_features} "
+                             f"features ({self.in_features} here), got last dim {input.shape[-1]}")
+        partial = _apply(input, self.weight, None, self.transposed)
+        if self.sequence_dim is None:
+            output = mappings.reduce(partial, self.group)
+        else:
+            output = mappings.reduce_scatter(partial, self.sequence_dim, self.group)
+        return output if self.bias is None else output + self.bias
+
+    def extra_repr(self) -> str:
+        kind = "Conv1D" if self.transposed else "Linear"
+        return (f"{kind} {self.full_in_features}->{self.full_out_features}, row-parallel, unit={self.unit}, "
+                f"shard={tuple(self.weight.shape)}, group={self.group!r}")
+
+
+class ReplicatedKeyValue(nn.Module):
+    """The key or value projection of grouped-query attention with fewer
+    key/value heads than ranks: the weight stays whole on every rank
+    (replicated), and the projection computes, for each of this rank's query
+    heads, its key/value head (repeated as the attention would repeat it), so
+    the attention runs with one key/value head per query head. A rank's
+    gradient covers only its query heads' share, so the weight passes through
+    ``copy``: its gradient is summed over the group in backward (exact)."""
+
+    def __init__(self, source: nn.Linear, group: str, head_dim: int, kv_heads: List[int],
+                 shared) -> None:
+        super().__init__()
+        self.group, self.head_dim = group, head_dim
+        self.weight = source.weight
+        self.bias = source.bias
+        rows = [h * head_dim + i for h in kv_heads for i in range(head_dim)]
+        self.register_buffer("rows", torch.tensor(rows, dtype=torch.long, device=source.weight.device),
+                             persistent=False)
+        self.kv_heads = list(kv_heads)
+        self.in_features, self.out_features = source.in_features, len(rows)
+        self._shared = shared
+        self.train(source.training)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        weight = mappings.copy(self.weight, self.group).index_select(0, self.rows)
+        bias = None if self.bias is None else mappings.copy(self.bias, self.group).index_select(0, self.rows)
+        return F.linear(self._shared(input), weight, bias)
+
+    def extra_repr(self) -> str:
+        return f"replicated {tuple(self.weight.shape)}, key/value heads per local query head {self.kv_heads}"
+
+
+def draw_dropout_from_model_parallel_stream(module: nn.Module) -> None:
+    """Makes ``module``'s forward, while training, draw its random numbers from
+    shardtorch.random's model-parallel stream (different per rank of the
+    group) when that stream is seeded (``ts.random.model_parallel_seed``):
+    dropout on sharded activations (this rank's heads, its part of the
+    sequence) then draws masks independent across ranks, and the default
+    stream, which replicated activations draw from, does not advance inside.
+    Hooks, not a replaced forward, so that copies of the model stay right."""
+    module.register_forward_pre_hook(_enter_model_parallel_stream)
+    module.register_forward_hook(_leave_model_parallel_stream, always_call=True)
+
+
+_FORK_ATTR = "_shardtorch_dropout_fork"
+
+
+def _enter_model_parallel_stream(module, args):
+    from ... import random as ts_random
+    if module.training and ts_random.MODEL_PARALLEL in ts_random.get_rng_tracker().names():
+        context = ts_random.fork()
+        context.__enter__()
+        module.__dict__.setdefault(_FORK_ATTR, []).append(context)
+    else:
+        module.__dict__.setdefault(_FORK_ATTR, []).append(None)
+
+
+def _leave_model_parallel_stream(module, args, output):
+    stack = module.__dict__.get(_FORK_ATTR)
+    context = stack.pop() if stack else None
+    if context is not None:
+        context.__exit__(None, None, None)
