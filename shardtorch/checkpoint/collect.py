@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 
 from ..distributed import state
-from .fully_sharded import whole_shard
+from .dtensor_entries import whole_shard
 from .layout import EntryLayout, model_layout
 from .verify import agree_on_problems, strip_ddp_prefix
 

@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 from ..distributed import state
-from .fully_sharded import in_model_form
+from .dtensor_entries import in_model_form
 from .layout import EntryLayout, model_layout
 from .verify import broadcast_verdict, match_ddp_prefix, mismatches, shapes_of
 
