@@ -3,13 +3,14 @@ import tempfile
 
 import pytest
 
-from tests.distributed.harness import LaunchCache
+from tests.distributed.harness import LaunchCache, expected_requests
 
 
 @pytest.fixture(scope="session")
-def launches():
-    """Multi-process launches shared by every test of the session."""
-    return LaunchCache()
+def launches(request):
+    """Multi-process launches shared by every test of the session: one per
+    launch key, serving every selected test that reads that key."""
+    return LaunchCache(expected_requests(request.session.items))
 
 
 @pytest.fixture(scope="session")

@@ -3,11 +3,11 @@ from collections import OrderedDict
 from typing import Optional
 
 import torch
-import torch.distributed as dist
 
 from ..distributed import state
-from .fully_sharded import whole_shard
-from .layout import EntryLayout, model_layout
+from .dtensor_entries import whole_shard
+from .layout import model_layout
+from .transfers import gather_everywhere, gather_to
 from .verify import agree_on_problems, strip_ddp_prefix
 
 
@@ -49,9 +49,9 @@ def collect_state_dict(model: torch.nn.Module, state_dict: dict,
                 result[key] = tensor
             continue
         if dst is None:
-            full = _gather_everywhere(tensor, entry)
+            full = gather_everywhere(tensor, entry)
         else:
-            full = _gather_to(tensor, entry, dst)
+            full = gather_to(tensor, entry, dst)
         if receives:
             result[key] = full
     if receives and hasattr(state_dict, "_metadata"):
@@ -72,60 +72,3 @@ def _check_against_model(model: torch.nn.Module, state_dict: dict) -> None:
                  for key, value in given.items() if key in expected and tuple(value.shape) != expected[key]]
     agree_on_problems("; ".join(problems) or None,
                       "collect_state_dict: the state dict does not match the model: ")
-
-
-def _gather_everywhere(tensor: torch.Tensor, entry: EntryLayout) -> torch.Tensor:
-    """Every member of the group receives the full tensor, each shard broadcast
-    by its holder straight into its place (rows) or through one shard-sized
-    buffer (columns, or a head-aligned split's several pieces). Unlike the
-    core's all-gather, which pads shards to equal size and concatenates,
-    nothing beyond the result and one shard is held."""
-    members = state.get_group_ranks(entry.group)
-    if len(members) == 1:
-        return tensor
-    process_group = state.get_group(entry.group)
-    rank = state.get_rank()
-    full = torch.empty(entry.full_shape, dtype=tensor.dtype, device=tensor.device)
-    for group_rank, peer in enumerate(members):
-        shape = entry.shard_shape(group_rank)
-        if shape[entry.dim] == 0:
-            continue
-        if entry.dim == 0 and entry.contiguous:
-            offset, length = entry.slice_of(group_rank)
-            buffer = full.narrow(0, offset, length)
-            if peer == rank:
-                buffer.copy_(tensor)
-        else:
-            buffer = tensor.detach().contiguous() if peer == rank else torch.empty(
-                shape, dtype=tensor.dtype, device=tensor.device)
-        dist.broadcast(buffer, peer, group=process_group)
-        if not (entry.dim == 0 and entry.contiguous):
-            entry.place(full, buffer, group_rank)
-    return full
-
-
-def _gather_to(tensor: torch.Tensor, entry: EntryLayout, dst: int) -> Optional[torch.Tensor]:
-    """Point-to-point gather of one entry to global rank ``dst`` (None elsewhere)."""
-    members = state.get_group_ranks(entry.group)
-    if dst not in members:
-        return None  # another tensor-parallel group serves dst
-    rank = state.get_rank()
-    if rank != dst:
-        if tensor.numel() > 0:  # an empty shard has nothing to send
-            dist.send(tensor.detach().contiguous(), dst)
-        return None
-    full = torch.empty(entry.full_shape, dtype=tensor.dtype, device=tensor.device)
-    for group_rank, peer in enumerate(members):
-        shape = entry.shard_shape(group_rank)
-        if peer == rank:
-            entry.place(full, tensor, group_rank)
-        elif shape[entry.dim] == 0:
-            continue
-        elif entry.dim == 0 and entry.contiguous:
-            offset, length = entry.slice_of(group_rank)
-            dist.recv(full.narrow(0, offset, length), peer)  # rows of a contiguous tensor: receive in place
-        else:
-            buffer = torch.empty(shape, dtype=tensor.dtype, device=tensor.device)
-            dist.recv(buffer, peer)
-            entry.place(full, buffer, group_rank)
-    return full

@@ -10,7 +10,7 @@ The ShardedTensors share storage with the model's parameters: ``dcp.load``
 writes straight into them, no full tensor is ever built, and a DCP checkpoint
 saved at one tensor-parallel size loads at any other. Under fully_shard
 (FSDP2) the model's DTensor entries are gathered over their data-parallel
-mesh first (fully_sharded.py) and described the same way, so the checkpoint
+mesh first (dtensor_entries.py) and described the same way, so the checkpoint
 is the same as without fully_shard; loading cuts them back. Tools that read DCP
 checkpoints work on them, e.g.
 ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save(path, "m.pt")``
@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 import torch.distributed.checkpoint as dcp
 
-from .fully_sharded import in_model_form, whole_shard
+from .dtensor_entries import in_model_form, whole_shard
 from .layout import model_layout
 from .optimizer.dcp import dcp_optimizer_entries, load_dcp_optimizer_state_dict
 from .sharded_tensor import as_sharded_tensor

@@ -11,7 +11,7 @@ against the split rule (and against the size the layer recorded, if any).
 
 Under fully_shard (FSDP2) an entry is a DTensor whose shape is what the rank
 would hold without it; its layout is that of this shape, and ``fsdp`` keeps
-the DTensor's mesh and placements (fully_sharded.py).
+the DTensor's mesh and placements (dtensor_entries.py).
 """
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
@@ -23,7 +23,7 @@ from .. import _C
 from ..distributed import state
 from ..utils.shard_facts import named_parameter_shards, split_pieces
 from ..utils.shards import shard_range
-from .fully_sharded import Spec, check_mesh, dtensor_spec
+from .dtensor_entries import Spec, check_mesh, dtensor_spec
 
 
 @dataclass(frozen=True)

@@ -4,11 +4,11 @@ from collections import OrderedDict
 from typing import Optional
 
 import torch
-import torch.distributed as dist
 
 from ..distributed import state
-from .fully_sharded import in_model_form
-from .layout import EntryLayout, model_layout
+from .dtensor_entries import in_model_form
+from .layout import model_layout
+from .transfers import broadcast_whole, scatter_slices
 from .verify import broadcast_verdict, match_ddp_prefix, mismatches, shapes_of
 
 
@@ -48,9 +48,9 @@ def relocate_state_dict(model: torch.nn.Module, state_dict: Optional[dict],
         if key in payload["objects"]:
             result[key] = payload["objects"][key]
         elif entry.sharded:
-            result[key] = in_model_form(_scatter_slices(value, entry, payload["dtypes"][key], src), entry.fsdp)
+            result[key] = in_model_form(scatter_slices(value, entry, payload["dtypes"][key], src), entry.fsdp)
         else:
-            result[key] = in_model_form(_broadcast(value, entry, payload["dtypes"][key], src), entry.fsdp)
+            result[key] = in_model_form(broadcast_whole(value, entry, payload["dtypes"][key], src), entry.fsdp)
     if payload["metadata"] is not None:
         result._metadata = payload["metadata"]
     return result
@@ -69,55 +69,3 @@ def _check_on_src(state_dict, layout):
         return "the checkpoint does not fit the model: " + "; ".join(problems)
     return {"dtypes": {k: v.dtype for k, v in checkpoint.items() if isinstance(v, torch.Tensor)},
             "objects": objects, "metadata": getattr(state_dict, "_metadata", None)}
-
-
-def _scatter_slices(full: Optional[torch.Tensor], entry: EntryLayout, dtype: torch.dtype,
-                    src: int) -> torch.Tensor:
-    """Every rank receives its slice of ``full`` from ``src``: each slice is
-    made contiguous once and sent to the ranks of every tensor-parallel group
-    that hold it, so ``src`` holds at most one slice beyond the checkpoint."""
-    rank = state.get_rank()
-    device = entry.device
-    if rank == src:
-        mine = None
-        for group_rank, ranks in enumerate(_ranks_by_group_rank(entry.group)):
-            piece = entry.take(full, group_rank).to(device).contiguous()
-            for peer in ranks:
-                if peer == rank:
-                    # Own a copy rather than a view that would keep the whole
-                    # checkpoint tensor alive as long as the result.
-                    shares = piece.untyped_storage().data_ptr() == full.untyped_storage().data_ptr()
-                    mine = piece.clone() if shares else piece
-                elif piece.numel() > 0:
-                    dist.send(piece, peer)
-            del piece
-        return mine
-    buffer = torch.empty(entry.local_shape, dtype=dtype, device=device)
-    if buffer.numel() > 0:
-        dist.recv(buffer, src)
-    return buffer
-
-
-def _broadcast(full: Optional[torch.Tensor], entry: EntryLayout, dtype: torch.dtype,
-               src: int) -> torch.Tensor:
-    rank = state.get_rank()
-    if rank == src:
-        tensor = full.to(entry.device).contiguous()
-    else:
-        tensor = torch.empty(entry.full_shape, dtype=dtype, device=entry.device)
-    if state.get_world_size() > 1 and tensor.numel() > 0:
-        dist.broadcast(tensor, src)
-    return tensor
-
-
-def _ranks_by_group_rank(group: str):
-    """Global ranks that hold group rank r of ``group``, for r = 0, 1, ...: the
-    r-th member of every group of that kind (every tensor-parallel group, or
-    the one world group)."""
-    if group == state.WORLD:
-        return [[r] for r in range(state.get_world_size())]
-    if group != state.TENSOR_PARALLEL:
-        raise NotImplementedError(f"relocate_state_dict: entries sharded over group {group!r} are not "
-                                  f"supported; only {state.TENSOR_PARALLEL!r} and {state.WORLD!r}")
-    groups = state._require("relocate_state_dict").topology.tensor_parallel_groups()
-    return [[members[r] for members in groups] for r in range(state.get_group_size(group))]

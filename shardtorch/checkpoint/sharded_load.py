@@ -7,7 +7,7 @@ import torch
 
 from ..distributed import state
 from . import sharded_format as fmt
-from .fully_sharded import in_model_form
+from .dtensor_entries import in_model_form
 from .layout import EntryLayout, model_layout
 from .optimizer.sharded import load_sharded_optimizer_state_dict
 from .sharded_read import read_box

@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from ..distributed import state
 from . import sharded_format as fmt
-from .fully_sharded import whole_shard
+from .dtensor_entries import whole_shard
 from .layout import EntryLayout, model_layout
 from .optimizer.sharded import OPTIMIZER_META_KEY, sharded_optimizer_entries
 

@@ -3,7 +3,7 @@ from typing import Callable, Type
 
 from torch import nn
 
-from ..utils.fully_sharded import fully_sharded_part
+from ..utils.fsdp_detection import fully_sharded_part
 
 
 def replace_modules(module: nn.Module, source: Type[nn.Module], convert: Callable[[nn.Module], nn.Module],

@@ -12,13 +12,12 @@ than 16 elements take torch's element-by-element path: they are drawn whole.
 
 Each rank draws the whole table chunk by chunk (the generator cannot skip
 ahead) and keeps its slice: peak extra memory is one chunk of about
-``CHUNK_ELEMENTS`` elements, whatever the vocabulary size.
+``shardtorch.nn.init.CHUNK_ELEMENTS`` elements, whatever the vocabulary size.
 """
 import torch
 
 from .. import _C
-
-CHUNK_ELEMENTS = 1 << 20
+from . import init
 
 
 def init_embedding_shard_(weight: torch.Tensor, num_embeddings: int, embedding_dim: int,
@@ -28,7 +27,7 @@ def init_embedding_shard_(weight: torch.Tensor, num_embeddings: int, embedding_d
     zeroed.
 
     The C++ core does the drawing (csrc/nn/embedding_init.cpp, the same code as
-    the C++ ParallelEmbedding); it reads ``CHUNK_ELEMENTS`` at each call, so
-    tests may change it."""
+    the C++ ParallelEmbedding); it reads ``init.CHUNK_ELEMENTS`` at each call,
+    so tests may change it."""
     _C.init_embedding_shard_(weight, num_embeddings, embedding_dim, tuple(row_range), tuple(col_range),
-                             padding_idx, CHUNK_ELEMENTS)
+                             padding_idx, init.CHUNK_ELEMENTS)

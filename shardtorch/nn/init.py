@@ -24,6 +24,8 @@ from ..distributed import state
 from ..utils.parallel_dim import PARALLEL_DIM_ATTR, parameter_split_dim
 from ..utils.shards import shard_range
 
+# The one chunk size of every initialiser (linear, embedding, margin): read at
+# each call, never imported by value, so that tests may change it here.
 CHUNK_ELEMENTS = 1 << 20
 
 

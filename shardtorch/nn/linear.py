@@ -96,8 +96,8 @@ class ParallelLinear(nn.Module):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         marked_sharded = False
         if not torch.jit.is_scripting():
-            self._check_marked_input(input)
             marked_sharded = is_sharded_on_last_dim(input)
+            self._check_input(input, marked_sharded)
         if self.dim == 0 and self._whole_input_is_ambiguous and input.shape[-1] == self.in_features \
                 and not marked_sharded:
             # A whole input that the op would read as rank 0's shard: every
@@ -130,13 +130,25 @@ class ParallelLinear(nn.Module):
                                                 num_classes=self.out_features, **options)
 
     @torch.jit.unused
-    def _check_marked_input(self, input: torch.Tensor) -> None:
+    def _check_input(self, input: torch.Tensor, marked_sharded: bool) -> None:
         check_active_ddp()
-        if self.dim == 0 and is_sharded_on_last_dim(input) and input.shape[-1] != self.weight.shape[1]:
+        if self.dim != 0 or input.dim() < 1:
+            return  # the op checks the rest
+        width, local = input.shape[-1], self.weight.shape[1]
+        if marked_sharded and width != local:
             raise ValueError(
                 f"ParallelLinear(dim=0): input is marked as sharded on its last dim but has "
-                f"{input.shape[-1]} features where this rank's shard of in_features="
-                f"{self.in_features} is {self.weight.shape[1]}")
+                f"{width} features where this rank's shard of in_features="
+                f"{self.in_features} is {local}")
+        # The op alone, knowing only this rank's shard, would take a width whose
+        # slice happens to fit this rank as a whole input while another rank
+        # refuses it: the layer knows the whole in_features, so a width that is
+        # neither is refused on every rank alike, before any collective.
+        if width != self.in_features and width != local:
+            raise RuntimeError(
+                f"ParallelLinear(dim=0): input.size(-1) must be in_features = {self.in_features} (a whole "
+                f"input) or this rank's shard of it ({local} = weight.size(1) on rank {self.group_rank} of "
+                f"{self.group_size}), got input of shape {tuple(input.shape)}")
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

@@ -62,9 +62,12 @@ class ParallelLinearCrossEntropyLoss(nn.Module):
 
     ``loss_fn = ParallelLinearCrossEntropyLoss(head)`` with ``head`` a
     ParallelLinear(dim=1) computes ``ParallelCrossEntropyLoss()(head(x), target)``
-    chunk by chunk over classes (``chunk_size``, default 4096), recomputing the
-    chunks in backward: the extra memory does not grow with the number of
-    classes. ``head`` stays the owner of the parameters (optimisers, state
+    chunk by chunk over classes (``chunk_size``, default 4096): the extra
+    memory does not grow with the number of classes. When gradients are needed
+    it computes them in forward, by blocks of rows, and backward only scales
+    them by the upstream gradient; where no block of at least 128 rows fits,
+    the forward goes over the chunks a second time for them instead
+    (docs/parallel_cross_entropy.md). ``head`` stays the owner of the parameters (optimisers, state
     dicts); this module only borrows them. A plain head (dim=None) falls back
     to head(x) followed by F.cross_entropy.
     """

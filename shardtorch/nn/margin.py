@@ -20,7 +20,7 @@ from ..utils.shard_facts import register_shard
 from ..utils.shards import shard_range
 from . import functional as TF
 from .class_sampling import draw_kept_classes
-from .embedding_init import CHUNK_ELEMENTS
+from . import init
 from .init import draw_on_cpu_
 
 #: (m1, m2, m3) of the usual margins: the target logit is s * (cos(m1 theta + m2) - m3).
@@ -105,7 +105,7 @@ class ParallelMarginLoss(nn.Module):
         lo, hi = self._class_range
         draw_on_cpu_(lambda w: _C.init_normal_shard_(w, self.num_classes, self.in_features, (lo, hi),
                                                      (0, self.in_features), 0.0, INIT_STD,
-                                                     CHUNK_ELEMENTS),
+                                                     init.CHUNK_ELEMENTS),
                      self.weight)
 
     def forward(self, embeddings: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""The install commands as users type them, run for real (docs/install.md):
+"""The install commands as users type them, run for real (docs/building.md):
 
 - the configure step with Debian's cmake first on PATH (3.25.1 cannot set nvcc's
   C++20 dialect): setup.py picks pip's cmake; Debian's named explicitly

@@ -74,6 +74,11 @@ ENTRIES = {
                                      ["input.size(-1) must equal in_features = 8"]),
     "linear_row_wrong_in_features": (lambda: ts.nn.ParallelLinear(8 * S(), 4, dim=0)(torch.randn(2, 8 * S() + 5)),
                                      R, ["dim=0", "input.size(-1)"]),
+    # A whole input of 5 features over 2 ranks slices 3 + 2: rank 1's shard of in_features=4 is 2 too,
+    # so the op alone let rank 1 enter the all-reduce while rank 0 raised.
+    "linear_row_width_whose_slice_fits_one_rank": (
+        lambda: ts.nn.ParallelLinear(2 * S(), 6, dim=0)(torch.randn(3, 2 * S() + 1)), R,
+        ["dim=0", "in_features = 4", "got input of shape (3, 5)"]),
     "linear_input_dtype_mismatch": (lambda: _col()(torch.randn(2, 8, dtype=torch.float64)), R, ["same dtype"]),
     "linear_input_meta_vs_cpu_weight": (lambda: _col()(torch.randn(2, 8, device="meta")), R, ["same device"]),
     "linear_integer_input": (lambda: torch.ops.shard.parallel_linear(

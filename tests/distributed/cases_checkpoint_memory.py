@@ -1,7 +1,8 @@
 """How much memory collect_state_dict and relocate_state_dict add, per rank.
 
 The model: four column-parallel layers of 1024 x 4096 float32 (16 MiB each in
-full, 64 MiB in all). Results go to SHARDTORCH_CKPT_DIR/memory-rank<r>.json."""
+full, 64 MiB in all). Results go to memory-rank<r>.json in the
+session's scratch folder (SHARDTORCH_TEST_SCRATCH, harness.scratch_dir)."""
 import gc
 import json
 import os
@@ -39,7 +40,7 @@ def case_peak_memory_of_collect_and_relocate():
     with peak_extra_bytes(measured, "collect_to_every_rank"):
         everywhere = ts.collect_state_dict(model, model.state_dict())
     del everywhere
-    with open(os.path.join(os.environ["SHARDTORCH_CKPT_DIR"], f"memory-rank{rank}.json"), "w") as f:
+    with open(os.path.join(os.environ["SHARDTORCH_TEST_SCRATCH"], f"memory-rank{rank}.json"), "w") as f:
         json.dump(measured, f)
     # With dst=None every rank holds the result and at most one shard in flight.
     assert measured["collect_to_every_rank"] <= full_model + full_param + SLACK, measured

@@ -29,7 +29,8 @@ IN_FEATURES, WIDTH, HIDDEN = 6, 12, 9
 SAMPLES_PER_RANK = 4
 STEPS = 4
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-5}
-REPORT_PATH = os.environ.get("SHARDTORCH_DTP_REPORT")
+# test_data_parallel.py reads the report from the session's scratch folder (harness.scratch_dir).
+REPORT_FILE = "data-parallel.jsonl"
 
 
 def sharded_head_loss(logits: torch.Tensor, target: torch.Tensor, num_classes: int) -> torch.Tensor:
@@ -165,9 +166,10 @@ def _relative_error(model: nn.Module, reference: nn.Module, initial=None) -> flo
 
 
 def _report(**fields) -> None:
-    if REPORT_PATH and dist.get_rank() == 0:
+    scratch = os.environ.get("SHARDTORCH_TEST_SCRATCH")
+    if scratch and dist.get_rank() == 0:
         fields.update(world=dist.get_world_size(), group_size=ts.distributed.get_group_size())
-        with open(REPORT_PATH, "a") as f:
+        with open(os.path.join(scratch, REPORT_FILE), "a") as f:
             f.write(json.dumps(fields) + "\n")
 
 

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 import shardtorch as ts
-from shardtorch.nn import embedding_init
+from shardtorch.nn import init as ts_init
 from tests.reference import shard_of
 
 
@@ -85,12 +85,12 @@ def case_more_ranks_than_rows_or_columns():
 
 
 def case_init_equals_nn_embedding_bitwise():
-    saved = embedding_init.CHUNK_ELEMENTS
+    saved = ts_init.CHUNK_ELEMENTS
     try:
         for chunk, dtype, dim, (num, width) in itertools.product(
                 (16, 100, saved), (torch.float32, torch.float64, torch.bfloat16), (0, 1),
                 ((33, 5), (7, 3), (100, 13), (3, 2))):
-            embedding_init.CHUNK_ELEMENTS = chunk
+            ts_init.CHUNK_ELEMENTS = chunk
             torch.manual_seed(3)
             ref = nn.Embedding(num, width, padding_idx=2, dtype=dtype)
             after_ref = torch.rand(2)
@@ -101,7 +101,7 @@ def case_init_equals_nn_embedding_bitwise():
             assert torch.equal(layer.weight, _shard(ref.weight.detach(), dim)), what
             assert torch.equal(after, after_ref), f"generator state differs {what}"
     finally:
-        embedding_init.CHUNK_ELEMENTS = saved
+        ts_init.CHUNK_ELEMENTS = saved
 
 
 def case_errors_name_the_argument():

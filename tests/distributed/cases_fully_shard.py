@@ -9,8 +9,8 @@ wrapper, converters, the fused loss) on fully_shard-ed models, against the
 unsharded reference or the run that was not interrupted; a ParallelMarginLoss
 head (cases_margin_fully_shard.py). One launch runs
 all cases (test_fully_shard.py); ``case_hand_off_to_two_ranks`` also leaves a
-checkpoint in SHARDTORCH_FSDP_HANDOFF that the 2-rank launch
-(cases_fully_shard_resume.py) loads under DDP x TP.
+checkpoint in the session's scratch folder (HANDOFF_DIR) that the 2-rank
+launches (cases_fully_shard_resume.py) load under DDP x TP.
 """
 import copy
 import os
@@ -31,6 +31,9 @@ from tests.distributed.cases_margin_fully_shard import (  # noqa: F401  (run in 
 from tests.distributed.cases_data_parallel import IN_FEATURES, NUM_CLASSES, Net, _local_batch, _make_optimizer
 from tests.reference import expect_error, split_range
 
+# In the session's scratch folder (harness.scratch_dir): the error report test_fully_shard.py
+# prints, and the checkpoint case_hand_off_to_two_ranks leaves for cases_fully_shard_resume.py.
+REPORT_FILE, HANDOFF_DIR = "fully-shard-errors.txt", "fully-shard-handoff"
 BATCH = 16  # global batch, the same at every world size (the 2-rank resume reads it too)
 #: Which dimension of each parameter the head splits over "tp" (the unsharded
 #: model's names): column-parallel up/classifier split their rows, the
@@ -137,9 +140,9 @@ def train_and_compare(layout, optimizer, steps=4, dtype=torch.float64, fused=Fal
 
 
 def record(what: str, error: float) -> None:
-    path = os.environ.get("SHARDTORCH_FSDP_REPORT")
-    if path and dist.get_rank() == 0:
-        with open(path, "a") as f:
+    scratch = os.environ.get("SHARDTORCH_TEST_SCRATCH")
+    if scratch and dist.get_rank() == 0:
+        with open(os.path.join(scratch, REPORT_FILE), "a") as f:
             f.write(f"{what}\t{error:.3e}\n")
 
 
@@ -356,9 +359,11 @@ def case_collected_optimizer_state_loads_into_plain_torch():
 def case_hand_off_to_two_ranks():
     """2 steps of SGD with momentum under fully_shard (2d); the checkpoint in
     three forms for cases_fully_shard_resume.py to load under DDP x TP."""
-    path = os.environ.get("SHARDTORCH_FSDP_HANDOFF")
-    if not path:
-        return  # launched alone (not by test_fully_shard.py)
+    scratch = os.environ.get("SHARDTORCH_TEST_SCRATCH")
+    if not scratch:
+        return  # launched alone (not by the harness)
+    path = os.path.join(scratch, HANDOFF_DIR)
+    os.makedirs(path, exist_ok=True)
     model = fsdp_model("2d")
     opt = _make_optimizer("sgd", model.parameters())
     for step in range(2):

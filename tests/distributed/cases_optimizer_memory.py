@@ -3,7 +3,8 @@ relocate_optimizer_state_dict add, per rank (2 ranks).
 
 The model: two column-parallel layers of 1024 x 4096 float32 (16 MiB each in
 full) under Adam, whose state (exp_avg, exp_avg_sq) is 64 MiB in full.
-Results go to SHARDTORCH_CKPT_DIR/optimizer-memory-rank<r>.json."""
+Results go to optimizer-memory-rank<r>.json in
+the session's scratch folder (SHARDTORCH_TEST_SCRATCH, harness.scratch_dir)."""
 import gc
 import json
 import os
@@ -49,7 +50,7 @@ def case_peak_memory_of_optimizer_collect_and_relocate():
     del local
     collected = None
     gc.collect()
-    with open(os.path.join(os.environ["SHARDTORCH_CKPT_DIR"], f"optimizer-memory-rank{rank}.json"), "w") as f:
+    with open(os.path.join(os.environ["SHARDTORCH_TEST_SCRATCH"], f"optimizer-memory-rank{rank}.json"), "w") as f:
         json.dump(measured, f)
     if rank == 0:
         # dst holds the full state it returns, plus at most one full tensor in flight.

@@ -9,15 +9,16 @@ import os
 import pytest
 
 from tests.distributed import cases_bad_inputs
-from tests.distributed.harness import REPO, run_script
+from tests.distributed.harness import REPO, reads_launch, run_script
 
 MODULE = "tests.distributed.cases_bad_inputs"
 SCRIPT = os.path.join(REPO, "tests", "distributed", "scripts", "bad_setup.py")
 
 
 @pytest.mark.parametrize("name", sorted(cases_bad_inputs.ENTRIES))
+@reads_launch(MODULE, 2, cases=lambda params: ["case_" + params["name"]])
 def test_bad_input_gets_a_clear_error_on_every_rank(launches, name):
-    results = launches.get(MODULE, 2)
+    results = launches.get(MODULE, 2, cases=["case_" + name])
     assert results["case_" + name] is None, results["case_" + name]
 
 

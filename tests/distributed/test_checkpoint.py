@@ -3,7 +3,7 @@ load in later launches at others (1 -> 2 -> 4 -> 2, 4 -> 1, and the 2-D layout
 of 2 data-parallel x 2 tensor-parallel groups). Tests run in file order."""
 import pytest
 
-from tests.distributed.harness import launch
+from tests.distributed.harness import check_phases, launch
 
 MODULE = "tests.distributed.cases_checkpoint"
 ANY_SIZE = ["case_collect_equals_unsharded_reference", "case_relocate_round_trip_and_from_plain",
@@ -27,6 +27,11 @@ PHASES = {
     "size1_from4": (1, 1, ["case_load_size4", "case_load_size2", "case_load_dcp_4x2",
                            "case_dcp_to_torch_save_gives_the_unsharded_state_dict"]),
 }
+
+
+def test_every_case_runs_in_a_phase():
+    """A case listed in no phase would never run: fail instead."""
+    check_phases(MODULE, PHASES)
 
 
 @pytest.fixture(scope="module")

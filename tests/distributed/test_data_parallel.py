@@ -4,26 +4,23 @@ sampler) in real multi-process runs: world 4 as 2 x 2 and as one group of 4.
 Run with -s to see the largest parameter error of each layout."""
 import json
 import os
-import tempfile
 
-from tests.distributed.harness import case_tests
+from tests.distributed.cases_data_parallel import REPORT_FILE
+from tests.distributed.harness import case_tests, reads_launch, scratch_dir
 
 MODULE = "tests.distributed.cases_data_parallel"
-# One report file per pytest process; ranks append one JSON line per training run.
-REPORT = os.path.join(tempfile.gettempdir(), f"shardtorch-data-parallel-{os.getpid()}.jsonl")
-ENV = {"SHARDTORCH_DTP_REPORT": REPORT}
-if os.path.exists(REPORT):  # a previous process with the same id
-    os.remove(REPORT)
+
+test_data_parallel = case_tests(MODULE, world_size=4, group_size=(2, 4))
 
 
-test_data_parallel = case_tests(MODULE, world_size=4, group_size=(2, 4), env=ENV)
-
-
+@reads_launch(MODULE, 4, 2)
+@reads_launch(MODULE, 4, 4)
 def test_largest_parameter_error_per_layout(launches):
     for group_size in (2, 4):
-        launches.get(MODULE, 4, group_size, env=ENV)
+        launches.get(MODULE, 4, group_size)
     worst = {}
-    with open(REPORT) as f:
+    # Ranks append one JSON line per training run to the session's report.
+    with open(os.path.join(scratch_dir(), REPORT_FILE)) as f:
         for line in f:
             run = json.loads(line)
             if run["autocast"] != "None":

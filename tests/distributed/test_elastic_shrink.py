@@ -4,8 +4,11 @@ kills its agent, then exits). The three survivors restart, agree on a fresh
 rendezvous scope although their agents' restart counts may differ, resume from the
 step-2 checkpoint at world size 3 (tensor-parallel 3, resharded model and
 optimizer state) and end with the parameters of the reference trajectory:
-4 ranks to step 2, saved, resumed on 3 ranks to the end (float64, 1e-12)."""
+4 ranks to step 2, saved, resumed on 3 ranks to the end (float64, 1e-12).
+It is also the test of agents on several nodes training together: rank 0 logs
+every step and each of the final world's ranks prints its summary once."""
 import os
+import re
 import subprocess
 import sys
 
@@ -61,6 +64,15 @@ def test_lost_node_restarts_smaller_and_matches_the_reference(tmp_path):
             assert other.shape == value.shape, (part, key)
             difference = (other.double() - value.double()).abs().max().item() if value.numel() else 0.0
             assert difference <= 1e-12, f"{part}.{key} differs by {difference} after the shrink"
+    # Rank 0 (of either world) logged every step; every rank of the final world printed its summary.
+    survivors = "".join(outputs[:3])
+    steps = re.findall(r"^step (\d+)/5 loss ([0-9.]+) acc [0-9.]+ top5 [0-9.]+ samples/s \d+", survivors, re.M)
+    assert {int(step) for step, _ in steps} == {1, 2, 3, 4, 5}, survivors[-4000:]
+    assert all(float(loss) > 0 for _, loss in steps)
+    summaries = re.findall(r"^\[rank (\d)\] parameters .+ \(unsharded .+, ([0-9.]+)x\); peak training memory .+$",
+                           survivors, re.M)
+    assert sorted(rank for rank, _ in summaries) == ["0", "1", "2"], survivors[-4000:]
+    assert all(float(factor) > 1.0 for _, factor in summaries), summaries  # the sharded head holds less
     # It trained past the checkpoint: step 2's head is not the final one.
     saved = torch.load(tmp_path / "ref" / "step-2" / "head.pt")
     assert not torch.equal(saved["weight"], expected["head"]["weight"])

@@ -15,7 +15,7 @@ import os
 import pytest
 import torch
 
-from tests.distributed.harness import launch
+from tests.distributed.harness import check_phases, launch
 from tests.distributed.optimizer_models import (FRESH_SEED, K_STEPS, M_STEPS, OPTIMIZERS, build, make_optimizer,
                                                 max_error, reference, train)
 
@@ -40,6 +40,12 @@ PHASES = {
                              "case_train_check_and_save", "case_torch_fqn_state_round_trip", "case_row_sparse_load_4"]),
     "size1_from3": (1, 1, ["case_load_3", "case_load_2x2", "case_row_sparse_load_2"]),
 }
+
+
+def test_every_case_runs_in_a_phase():
+    """A case listed in no phase would never run: fail instead (the row-sparse
+    cases that this module imports included)."""
+    check_phases(MODULE, PHASES)
 
 
 @pytest.fixture(scope="module")

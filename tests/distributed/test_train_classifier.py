@@ -1,5 +1,5 @@
 """The main job (examples/python/train_classifier.py) at small sizes on 2 CPU
-ranks: it learns, a resumed run continues exactly, --help documents every flag,
+ranks: it learns, a resumed run continues exactly (with class sampling), --help documents every flag,
 its held-out accuracy is torch.topk's on the gathered logits; at 2 x 2, --fsdp
 trains like DDP."""
 import importlib.util
@@ -64,8 +64,11 @@ def test_loss_decreases_and_memory_summary_is_printed(tmp_path, extra):
     assert "[rank 0] parameters" in output and "peak training memory" in output, output[-2000:]
 
 
-@pytest.mark.parametrize("loss", [[], ["--loss", "arcface", "--sample-rate", "0.4"]])
+@pytest.mark.parametrize("loss", [["--loss", "arcface", "--sample-rate", "0.4"]])
 def test_resume_continues_exactly(tmp_path, loss):
+    """With class sampling, whose random draws must resume too. The plain loss
+    resumed at the same size is test_elastic_restart.py's (bitwise parameters),
+    and at other sizes test_resume_other_size.py's."""
     checkpoint = tmp_path / "ckpt"
     straight, _ = _train(tmp_path, "straight", "--steps", "6", *loss)
     _train(tmp_path, "first_half", "--steps", "3", "--save", checkpoint, *loss)

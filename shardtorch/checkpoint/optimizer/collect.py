@@ -5,7 +5,7 @@ from typing import Dict, Optional
 import torch
 
 from ...distributed import state
-from ..collect import _gather_everywhere, _gather_to
+from ..transfers import gather_everywhere, gather_to
 from .checks import check_optimizer_kind
 from .forms import fqn_keyed
 from .local import local_and_agreed, tensor_parallel_group_of
@@ -69,7 +69,7 @@ def collect_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim.
                 continue
             entry = split_state_entry(params.entry(index), kind, f"{params.names[index]}:{key}",
                                       value.dtype, value.device)
-            full = _gather_everywhere(value, entry) if dst is None else _gather_to(value, entry, dst)
+            full = gather_everywhere(value, entry) if dst is None else gather_to(value, entry, dst)
             if receives:
                 out[key] = full
         if receives:

@@ -12,7 +12,7 @@ from typing import List, Optional
 import torch.distributed as dist
 
 from ...distributed import state
-from ..fully_sharded import whole_shard
+from ..dtensor_entries import whole_shard
 from .checks import agree, compare_descriptions, describe
 from .forms import StateDictFormError, flattened_hint, indexed, is_fqn_keyed
 from .params import OptimizerParams, is_zero

@@ -7,7 +7,7 @@ from typing import Callable, Dict, Optional
 import torch
 
 from ...distributed import state
-from ..fully_sharded import dtensor_spec, in_model_form
+from ..dtensor_entries import dtensor_spec, in_model_form
 from ..layout import EntryLayout
 from ..verify import strip_ddp_prefix
 from .forms import StateDictFormError, flattened_hint, indexed

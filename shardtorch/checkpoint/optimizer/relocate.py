@@ -5,7 +5,7 @@ from typing import Optional
 import torch
 
 from ...distributed import state
-from ..relocate import _broadcast, _scatter_slices
+from ..transfers import broadcast_whole, scatter_slices
 from .checks import checked_params, plan_on_one_rank
 from .forms import indexed
 from .plan import in_model_forms, load_state, plan_from_full_state
@@ -50,7 +50,7 @@ def relocate_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim
 
     def receive(entry, index, key):
         full = full_state[plan["saved_index"][index]][key] if full_state is not None else None
-        send = _scatter_slices if entry.sharded else _broadcast
+        send = scatter_slices if entry.sharded else broadcast_whole
         tensor = send(full, entry, entry.dtype, src)
         if full is not None and tensor.numel() and tensor.untyped_storage().data_ptr() == full.untyped_storage().data_ptr():
             # src's own copy: the optimizer updates its state in place, and the

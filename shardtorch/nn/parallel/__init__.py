@@ -12,10 +12,10 @@ Two layouts are exact (training equals unsharded training on the global batch):
 
 Either layout also runs on torch's FSDP2 instead of DDP: ``fully_shard(model,
 layout=...)`` shards parameters, gradients and optimizer state over the
-data-parallel dimension too (fully_sharded.py).
+data-parallel dimension too (fsdp_layouts.py).
 """
 from .distributed import LAYOUTS, DistributedDataParallel
-from .fully_sharded import fully_shard
+from .fsdp_layouts import fully_shard
 from .plain_ddp import register_ddp_parameters_to_ignore
 from .sharded_gradients import ShardedGradientAverager
 from .sharded_parameters import (is_sharded_parameter, named_sharded_parameters, sharded_parameter_names,

@@ -8,7 +8,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 from ...distributed import state
-from ...utils.fully_sharded import fully_sharded_part
+from ...utils.fsdp_detection import fully_sharded_part
 from .sharded_gradients import ShardedGradientAverager
 from .sharded_parameters import sharded_parameter_names, sharded_parameters
 

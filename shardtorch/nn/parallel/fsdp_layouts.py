@@ -20,7 +20,7 @@ from torch.distributed.fsdp import fully_shard as torch_fully_shard
 from torch.distributed.fsdp import register_fsdp_forward_method
 
 from ...distributed import state
-from ...utils.fully_sharded import fully_sharded_part
+from ...utils.fsdp_detection import fully_sharded_part
 from ...utils.shard_facts import named_parameter_shards, register_shard, registered_shards
 from .distributed import HYBRID, LAYOUTS, TWO_D, _broadcast_from_first_rank
 
