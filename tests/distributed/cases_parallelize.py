@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import shardtorch as ts
-from shardtorch.nn.parallelize import unplaced
+from shardtorch.nn.whole_model import unplaced
 from tests.distributed import parallelize_models as models
 from tests.reference import assert_close, expect_error
 
