@@ -413,26 +413,3 @@ def case_attention_dropout_draws_from_the_model_parallel_stream():
     losses = [torch.zeros((), dtype=F64) for _ in range(ts.distributed.get_group_size())]
     torch.distributed.all_gather(losses, loss.detach(), group=ts.distributed.get_group())
     assert all(torch.equal(value, losses[0]) for value in losses), f"ranks disagree on the loss: {losses}"
-
-
-def case_data_parallel_2d_trains_like_unsharded_on_the_global_batch():
-    # DDP over the data-parallel group (layout "2d") around a parallelized Llama (GQA): each data-parallel
-    # rank reads its own batch; training equals the unsharded model on the concatenated batch.
-    dp_size, dp_rank = ts.distributed.get_data_parallel_size(), ts.distributed.get_data_parallel_rank()
-    ref, par = _pair(models.llama)
-    ddp = ts.nn.parallel.DistributedDataParallel(par, layout="2d")
-    optimizers = [torch.optim.AdamW(ref.parameters(), lr=1e-2), torch.optim.AdamW(ddp.parameters(), lr=1e-2)]
-    for step in range(3):
-        batches = [_tokens(100 + 10 * step + r, batch=2)[0] for r in range(dp_size)]
-        optimizers[0].zero_grad()
-        whole = torch.cat(batches)
-        logits = ref(input_ids=whole).logits
-        _causal_reference_loss(logits, whole).backward()  # no ignored labels: the mean of per-rank means
-        optimizers[0].step()
-        optimizers[1].zero_grad()
-        mine = batches[dp_rank]
-        ddp(input_ids=mine, labels=mine).loss.backward()
-        optimizers[1].step()
-    collected = ts.collect_state_dict(par, par.state_dict())
-    for key, value in ref.state_dict().items():
-        assert_close(collected[key], value, F64, f"llama under 2-D DDP: {key} after 3 AdamW steps")

@@ -1,0 +1,74 @@
+"""ts.nn.parallelize composed with data parallelism, on 4 ranks as 2 data-parallel x 2 tensor-parallel groups
+(launched only in that layout): DDP and FSDP2 (ts.nn.parallel.fully_shard, both layouts) around a parallelized
+model train exactly like the unsharded model on the global batch (float64)."""
+import torch
+
+import shardtorch as ts
+from tests.distributed import parallelize_models as models
+from tests.distributed.cases_parallelize import _causal_reference_loss, _pair, _tokens
+from tests.reference import assert_close
+
+F64 = torch.float64
+
+
+def _reference_step(ref, optimizer, batches):
+    optimizer.zero_grad()
+    whole = torch.cat(batches)
+    logits = ref(input_ids=whole).logits
+    _causal_reference_loss(logits, whole).backward()  # no ignored labels: the mean of equal per-batch means
+    optimizer.step()
+
+
+def _assert_trained_alike(ref, par, what):
+    collected = ts.collect_state_dict(par, par.state_dict())
+    for key, value in ref.state_dict().items():
+        assert_close(collected[key], value, F64, f"{what}: {key}")
+
+
+def case_ddp_2d_trains_like_unsharded_on_the_global_batch():
+    # DDP over the data-parallel group (layout "2d") around a parallelized Llama (GQA): each data-parallel
+    # rank reads its own batch; training equals the unsharded model on the concatenated batch.
+    dp_size, dp_rank = ts.distributed.get_data_parallel_size(), ts.distributed.get_data_parallel_rank()
+    assert dp_size == 2, f"launched as 2 x 2, got data-parallel size {dp_size}"
+    ref, par = _pair(models.llama)
+    ddp = ts.nn.parallel.DistributedDataParallel(par, layout="2d")
+    optimizers = [torch.optim.AdamW(ref.parameters(), lr=1e-2), torch.optim.AdamW(ddp.parameters(), lr=1e-2)]
+    for step in range(3):
+        batches = [_tokens(100 + 10 * step + r, batch=2)[0] for r in range(dp_size)]
+        _reference_step(ref, optimizers[0], batches)
+        optimizers[1].zero_grad()
+        mine = batches[dp_rank]
+        ddp(input_ids=mine, labels=mine).loss.backward()
+        optimizers[1].step()
+    _assert_trained_alike(ref, par, "llama under 2-D DDP after 3 AdamW steps")
+
+
+def _fully_sharded_tied_gpt2(layout):
+    # GPT-2's lm_head.weight is wte.weight: after parallelize both modules hold the one vocabulary shard, and
+    # fully_shard must make them a single FSDP unit (FSDP2 manages each parameter in exactly one unit).
+    world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
+    dp_size, dp_rank = ts.distributed.get_data_parallel_size(), ts.distributed.get_data_parallel_rank()
+    ref, par = _pair(models.gpt2)
+    assert par.lm_head.weight is par.transformer.wte.weight, "parallelize untied GPT-2's LM head"
+    ts.nn.parallel.fully_shard(par, layout=layout)
+    optimizers = [torch.optim.AdamW(ref.parameters(), lr=1e-2), torch.optim.AdamW(par.parameters(), lr=1e-2)]
+    for step in range(3):
+        if layout == "2d":  # one batch per data-parallel rank, the same across its tensor-parallel group
+            batches = [_tokens(200 + 10 * step + r, batch=2)[0] for r in range(dp_size)]
+            mine = batches[dp_rank]
+        else:  # "hybrid": one batch per rank, gathered over the tensor-parallel group before the sharded model
+            batches = [_tokens(300 + 10 * step + r, batch=2)[0] for r in range(world)]
+            mine = ts.distributed.gather(batches[rank], dim=0)
+        _reference_step(ref, optimizers[0], batches)
+        optimizers[1].zero_grad()
+        par(input_ids=mine, labels=mine).loss.backward()
+        optimizers[1].step()
+    _assert_trained_alike(ref, par, f"tied GPT-2 under fully_shard layout={layout!r} after 3 AdamW steps")
+
+
+def case_fully_shard_2d_tied_gpt2_trains_like_unsharded():
+    _fully_sharded_tied_gpt2("2d")
+
+
+def case_fully_shard_hybrid_tied_gpt2_trains_like_unsharded():
+    _fully_sharded_tied_gpt2("hybrid")
