@@ -1,11 +1,16 @@
 """ts.nn.parallelize composed with data parallelism, on 4 ranks as 2 data-parallel x 2 tensor-parallel groups
 (launched only in that layout): DDP and FSDP2 (ts.nn.parallel.fully_shard, both layouts) around a parallelized
-model train exactly like the unsharded model on the global batch (float64)."""
+model train exactly like the unsharded model on the global batch (float64); and a sharded checkpoint saved at
+group size 2 loads at 2 and, after the groups are re-made, at 4 (uneven heads and vocabulary)."""
+import contextlib
+import shutil
+import tempfile
+
 import torch
 
 import shardtorch as ts
 from tests.distributed import parallelize_models as models
-from tests.distributed.cases_parallelize import _causal_reference_loss, _pair, _tokens
+from tests.distributed.cases_parallelize import _causal_reference_loss, _pair, _tokens, _whole
 from tests.reference import assert_close
 
 F64 = torch.float64
@@ -72,3 +77,44 @@ def case_fully_shard_2d_tied_gpt2_trains_like_unsharded():
 
 def case_fully_shard_hybrid_tied_gpt2_trains_like_unsharded():
     _fully_sharded_tied_gpt2("hybrid")
+
+
+@contextlib.contextmanager
+def _tensor_parallel_size(size):
+    """shardtorch's groups re-made with ``size`` ranks per tensor-parallel group, then back to this launch's."""
+    launched = ts.distributed.get_group_size()
+    ts.distributed.destroy_process_group(keep_torch_distributed=True)
+    ts.distributed.init_process_group(group_size=size)
+    try:
+        yield
+    finally:
+        ts.distributed.destroy_process_group(keep_torch_distributed=True)
+        ts.distributed.init_process_group(group_size=launched)
+
+
+def case_sharded_checkpoint_of_head_split_entries_loads_at_other_group_sizes():
+    # GPT-2's fused c_attn (q, k, v pieces per rank) and Llama's GQA q/k/v/o split by whole heads: save_sharded
+    # at group size 2 (heads 5,5 and 6,6), load_sharded at 2 and at 4 (GPT-2 3,3,2,2; Llama 3,3,3,3 with kv
+    # heads 1 each; vocabulary 97 as 25,24,24,24): the logits equal the unsharded model's.
+    ids, _ = _tokens(9)
+    directory = [tempfile.mkdtemp(prefix="parallelize_sharded_") if torch.distributed.get_rank() == 0 else None]
+    torch.distributed.broadcast_object_list(directory, src=0)
+    try:
+        for build in (models.gpt2, models.llama):
+            path = f"{directory[0]}/{build.__name__}"
+            ref, par = _pair(build)
+            expected = ref(input_ids=ids).logits.detach()
+            ts.save_sharded(par, path)
+            for size in (2, 4):
+                context = _tensor_parallel_size(size) if size != ts.distributed.get_group_size() else \
+                    contextlib.nullcontext()
+                with context:
+                    torch.manual_seed(1234)  # other weights, all replaced by the load
+                    fresh = ts.nn.parallelize(build().to(F64))
+                    ts.load_sharded(fresh, path)
+                    logits = _whole(fresh(input_ids=ids).logits, True)
+                    assert_close(logits, expected, F64, f"{build.__name__} saved at 2, loaded at {size}: logits")
+    finally:
+        torch.distributed.barrier()
+        if torch.distributed.get_rank() == 0:
+            shutil.rmtree(directory[0], ignore_errors=True)
