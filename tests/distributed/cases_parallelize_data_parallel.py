@@ -92,28 +92,48 @@ def _tensor_parallel_size(size):
         ts.distributed.init_process_group(group_size=launched)
 
 
+def _adamw_step(model, parallel, optimizer, ids):
+    optimizer.zero_grad()
+    if parallel:
+        model(input_ids=ids, labels=ids).loss.backward()
+    else:
+        _causal_reference_loss(model(input_ids=ids).logits, ids).backward()
+    optimizer.step()
+
+
 def case_sharded_checkpoint_of_head_split_entries_loads_at_other_group_sizes():
-    # GPT-2's fused c_attn (q, k, v pieces per rank) and Llama's GQA q/k/v/o split by whole heads: save_sharded
-    # at group size 2 (heads 5,5 and 6,6), load_sharded at 2 and at 4 (GPT-2 3,3,2,2; Llama 3,3,3,3 with kv
-    # heads 1 each; vocabulary 97 as 25,24,24,24): the logits equal the unsharded model's.
+    # GPT-2's fused c_attn (q, k, v pieces per rank) and Llama's GQA q/k/v/o split by whole heads: after one
+    # AdamW step, save_sharded (model and optimizer) at group size 2 (heads 5,5 and 6,6), load_sharded at 2
+    # and at 4 (GPT-2 3,3,2,2; Llama 3,3,3,3 with 1 kv head each; vocabulary 97 as 25,24,24,24): the logits
+    # equal the unsharded model's, and so do they after one more step from the loaded optimizer state.
     ids, _ = _tokens(9)
+    more, _ = _tokens(10)
     directory = [tempfile.mkdtemp(prefix="parallelize_sharded_") if torch.distributed.get_rank() == 0 else None]
     torch.distributed.broadcast_object_list(directory, src=0)
     try:
         for build in (models.gpt2, models.llama):
             path = f"{directory[0]}/{build.__name__}"
             ref, par = _pair(build)
-            expected = ref(input_ids=ids).logits.detach()
-            ts.save_sharded(par, path)
+            optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (ref, par)]
+            _adamw_step(ref, False, optimizers[0], ids)
+            _adamw_step(par, True, optimizers[1], ids)
+            saved = ref(input_ids=ids).logits.detach()
+            ts.save_sharded(par, path, optimizer=optimizers[1])
+            _adamw_step(ref, False, optimizers[0], more)
+            after = ref(input_ids=ids).logits.detach()
             for size in (2, 4):
                 context = _tensor_parallel_size(size) if size != ts.distributed.get_group_size() else \
                     contextlib.nullcontext()
                 with context:
                     torch.manual_seed(1234)  # other weights, all replaced by the load
                     fresh = ts.nn.parallelize(build().to(F64))
-                    ts.load_sharded(fresh, path)
-                    logits = _whole(fresh(input_ids=ids).logits, True)
-                    assert_close(logits, expected, F64, f"{build.__name__} saved at 2, loaded at {size}: logits")
+                    optimizer = torch.optim.AdamW(fresh.parameters(), lr=1e-2)
+                    ts.load_sharded(fresh, path, optimizer=optimizer)
+                    what = f"{build.__name__} saved at 2, loaded at {size}"
+                    assert_close(_whole(fresh(input_ids=ids).logits, True), saved, F64, f"{what}: logits")
+                    _adamw_step(fresh, True, optimizer, more)
+                    assert_close(_whole(fresh(input_ids=ids).logits, True), after, F64,
+                                 f"{what}: logits after one more AdamW step from the loaded state")
     finally:
         torch.distributed.barrier()
         if torch.distributed.get_rank() == 0:
