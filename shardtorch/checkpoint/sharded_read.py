@@ -15,11 +15,24 @@ from .layout import EntryLayout
 
 
 def read_box(entry: EntryLayout, saved: dict, directory: str, files: Dict[str, dict]) -> torch.Tensor:
-    """This rank's box of the full tensor, copied from every saved shard that overlaps it."""
-    want_offsets = [0] * len(entry.full_shape)
-    if entry.sharded:
-        want_offsets[entry.dim] = entry.slice_of(entry.group_rank)[0]
-    want_shape = list(entry.local_shape)
+    """This rank's shard: its box of the full tensor, or for a head-aligned or fused split
+    (ts.nn.parallelize) its boxes in the order the shard stores them, each copied from every saved shard
+    that overlaps it."""
+    if not entry.sharded or entry.contiguous:
+        want_offsets = [0] * len(entry.full_shape)
+        if entry.sharded:
+            want_offsets[entry.dim] = entry.slice_of(entry.group_rank)[0]
+        return _read_one_box(entry, saved, directory, files, want_offsets, list(entry.local_shape))
+    boxes = []
+    for offset, length in entry.pieces_of(entry.group_rank):
+        want_offsets, want_shape = [0] * len(entry.full_shape), list(entry.local_shape)
+        want_offsets[entry.dim], want_shape[entry.dim] = offset, length
+        boxes.append(_read_one_box(entry, saved, directory, files, want_offsets, want_shape))
+    return boxes[0] if len(boxes) == 1 else torch.cat(boxes, entry.dim)
+
+
+def _read_one_box(entry: EntryLayout, saved: dict, directory: str, files: Dict[str, dict], want_offsets,
+                  want_shape) -> torch.Tensor:
     out = torch.empty(want_shape, dtype=entry.dtype, device=entry.device)  # copy_ casts a saved dtype
     if out.numel() == 0:
         return out
@@ -31,7 +44,7 @@ def read_box(entry: EntryLayout, saved: dict, directory: str, files: Dict[str, d
         if any(lo >= hi for lo, hi in zip(lows, highs)):
             continue  # this file holds none of the slice: not even opened
         contents = _open(directory, shard["file"], files)
-        source = contents[_saved_key(entry.key, contents)]
+        source = contents[shard["name"] if "name" in shard else _saved_key(entry.key, contents)]
         src_view, dst_view = source, out
         for d, (lo, hi) in enumerate(zip(lows, highs)):
             length = max(hi - lo, 0)
@@ -42,7 +55,7 @@ def read_box(entry: EntryLayout, saved: dict, directory: str, files: Dict[str, d
     if covered != out.numel():
         raise fmt.CheckpointFormatError(
             f"load_sharded: the saved shards of {entry.key!r} cover {covered} of the {out.numel()} "
-            f"elements this rank needs: the index in {directory} is inconsistent")
+            f"elements this rank needs (box at {want_offsets}): the index in {directory} is inconsistent")
     return out
 
 

@@ -117,19 +117,42 @@ def _entries_this_rank_writes(state_dict, layout: Dict[str, EntryLayout], file_n
             raise NotImplementedError(f"save_sharded: entry {key!r} is sharded over group "
                                       f"{entry.group!r}; only 'tp' and 'world' are supported")
         if entry.sharded and (writes_shards or entry.group == state.WORLD):
+            if not entry.contiguous:  # split by whole heads: one record per piece of the full tensor
+                _write_pieces(key, tensor.detach(), entry, file_name, mine, records)
+                continue
             offsets = [0] * len(entry.full_shape)
             offsets[entry.dim] = entry.slice_of(entry.group_rank)[0]
         elif not entry.sharded and state.get_rank() == 0:
             offsets = [0] * len(entry.full_shape)
         else:
             continue
-        tensor = tensor.detach()
-        if tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size():
-            tensor = tensor.clone()  # torch.save writes whole storages: keep only the shard's bytes
-        mine[key] = tensor
+        mine[key] = _own_bytes(tensor.detach())
         records.append({"key": key, "file": file_name, "offsets": offsets,
                         "shape": list(tensor.shape)})
     return mine, records
+
+
+def _own_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    if tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size():
+        return tensor.clone()  # torch.save writes whole storages: keep only the shard's bytes
+    return tensor
+
+
+def _write_pieces(key: str, shard: torch.Tensor, entry: EntryLayout, file_name: str, mine: dict,
+                  records: list) -> None:
+    """A head-aligned or fused shard (several slices of the full tensor, ts.nn.parallelize) saved as one
+    tensor per slice, each under its own name in the file ("name" in its record), so that the index keeps
+    describing plain boxes of the full tensor and a load at any group size reads them as any other."""
+    start = 0
+    for number, (offset, length) in enumerate(entry.pieces_of(entry.group_rank)):
+        piece = shard.narrow(entry.dim, start, length)
+        start += length
+        name = f"{key}#piece{number}"
+        mine[name] = piece.contiguous().clone()
+        offsets = [0] * len(entry.full_shape)
+        offsets[entry.dim] = offset
+        records.append({"key": key, "file": file_name, "offsets": offsets, "shape": list(piece.shape),
+                        "name": name})
 
 
 def _index(layout: Dict[str, EntryLayout], reports, optimizer_keys=(), with_optimizer=False) -> dict:
@@ -142,7 +165,7 @@ def _index(layout: Dict[str, EntryLayout], reports, optimizer_keys=(), with_opti
             files[report["file"]["name"]] = {"bytes": report["file"]["bytes"], "rank": report["rank"]}
         for record in report["records"]:
             entries[record["key"]]["shards"].append(
-                {"file": record["file"], "offsets": record["offsets"], "shape": record["shape"]})
+                {field: record[field] for field in ("file", "offsets", "shape", "name") if field in record})
     index = {"format": fmt.FORMAT, "format_version": fmt.FORMAT_VERSION,
              "tensor_parallel_size": state.get_group_size(state.TENSOR_PARALLEL),
              "world_size": state.get_world_size(), "files": files, "entries": entries}

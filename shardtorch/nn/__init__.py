@@ -6,8 +6,8 @@ from .loss import ParallelCrossEntropyLoss, ParallelLinearCrossEntropyLoss
 from .margin import MARGIN_PRESETS, ParallelMarginLoss
 from .register_parallel_dim import RegisterParallelDim
 from . import modules  # noqa: E402  (TorchShard's ts.nn.modules)
-# The function shadows its package's name on ts.nn (the package's modules stay importable by their full names).
-from .parallelize import STYLES as PARALLELIZE_STYLES, auto_plan, causal_lm_loss, parallelize  # noqa: E402
+# ts.nn.parallelize is the function; its package is shardtorch.nn.whole_model (distinct names, so neither hides the other).
+from .whole_model import STYLES as PARALLELIZE_STYLES, auto_plan, causal_lm_loss, parallelize  # noqa: E402
 
 __all__ = ["ParallelEmbedding", "ParallelLinear", "ParallelCrossEntropyLoss", "ParallelLinearCrossEntropyLoss",
            "ParallelMarginLoss", "MARGIN_PRESETS", "RegisterParallelDim", "functional", "init", "modules",

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import shardtorch as ts
-from shardtorch.nn.parallelize import unplaced
+from shardtorch.nn.whole_model import unplaced
 from tests.distributed import parallelize_models as models
 from tests.reference import assert_close, expect_error
 
@@ -103,30 +103,60 @@ def collected_grads(model):
     return ts.collect_state_dict(model, grads)
 
 
-def check_against_unsharded(build, step, name, **options):
-    ref, par = _pair(build, **options)
-    loss_ref, logits_ref = step(ref, False, 1)
+#: Per launch: the unsharded model's run for each reference name (the same whatever the parallel options),
+#: and each parallelized model already checked with the default options, so that cases share them.
+_REFERENCE_RUNS = {}
+_CHECKED = {}
+
+
+def _reference_run(build, step, reference):
+    """(loss, logits, {parameter: gradient}, state dict after STEPS AdamW steps) of the unsharded model."""
+    if reference not in _REFERENCE_RUNS:
+        torch.manual_seed(0)
+        ref = build().to(F64)
+        loss, logits = step(ref, False, 1)
+        loss.backward()
+        grads = {key: torch.zeros_like(p) if p.grad is None else p.grad.clone()
+                 for key, p in ref.named_parameters(remove_duplicate=False)}
+        optimizer = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+        for index in range(STEPS):
+            optimizer.zero_grad()
+            step(ref, False, 10 + index)[0].backward()
+            optimizer.step()
+        trained = {key: value.clone() for key, value in ref.state_dict().items()}
+        _REFERENCE_RUNS[reference] = (loss.detach(), logits, grads, trained)
+    return _REFERENCE_RUNS[reference]
+
+
+def check_against_unsharded(build, step, name, reference=None, **options):
+    """Asserts that ``build()`` parallelized with ``options`` gives the unsharded model's logits, loss and
+    gradients, and its parameters after STEPS AdamW steps; returns the trained parallelized model.
+    ``reference``: the name of the unsharded run to compare with (default ``name``)."""
+    if not options and name in _CHECKED:
+        return _CHECKED[name]
+    loss_ref, logits_ref, grads_ref, trained_ref = _reference_run(build, step, reference or name)
+    torch.manual_seed(0)
+    par = build().to(F64)
+    ts.nn.parallelize(par, **options)
     loss_par, logits_par = step(par, True, 1)
     assert_close(logits_par, logits_ref, F64, f"{name} logits")
-    assert_close(loss_par.detach(), loss_ref.detach(), F64, f"{name} loss")
-    loss_ref.backward()
+    assert_close(loss_par.detach(), loss_ref, F64, f"{name} loss")
     loss_par.backward()
     grads = collected_grads(par)
-    ref_params = dict(ref.named_parameters(remove_duplicate=False))
-    assert set(ref_params) <= set(grads), f"{name}: parameters missing from the collected gradients"
-    for key, param in ref_params.items():
-        expected = torch.zeros_like(param) if param.grad is None else param.grad
+    assert set(grads_ref) <= set(grads), f"{name}: parameters missing from the collected gradients"
+    for key, expected in grads_ref.items():
         assert_close(grads[key], expected, F64, f"{name} gradient of {key}")
-    optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (ref, par)]
+    optimizer = torch.optim.AdamW(par.parameters(), lr=1e-2)
     for index in range(STEPS):
-        for model, optimizer, parallel in ((ref, optimizers[0], False), (par, optimizers[1], True)):
-            optimizer.zero_grad()
-            step(model, parallel, 10 + index)[0].backward()
-            optimizer.step()
+        optimizer.zero_grad()
+        step(par, True, 10 + index)[0].backward()
+        optimizer.step()
     collected = ts.collect_state_dict(par, par.state_dict())
-    for key, value in ref.state_dict().items():
+    for key, value in trained_ref.items():
         assert_close(collected[key], value, F64, f"{name} {key} after {STEPS} AdamW steps")
-    return ref, par
+    if not options:
+        _CHECKED[name] = par
+    return par
 
 
 def case_gpt2_matches_unsharded():
@@ -305,7 +335,7 @@ def case_fused_causal_lm_loss_matches_unsharded():
 
 def case_checkpoints_are_the_unsharded_models_own():
     from transformers import GPT2LMHeadModel
-    ref, par = check_against_unsharded(models.gpt2, _causal_step, "gpt2")
+    par = check_against_unsharded(models.gpt2, _causal_step, "gpt2")
     ids, _ = _tokens(5)
     collected = ts.collect_state_dict(par, par.state_dict())
     plain = models.gpt2().to(F64)
@@ -355,13 +385,13 @@ def case_verbose_prints_plan_shards_and_memory():
 
 
 def case_sequence_parallel_matches_unsharded():
-    check_against_unsharded(models.gpt2, _causal_step, "gpt2 sp", sequence_parallel=True)
-    check_against_unsharded(models.llama, _causal_step, "llama sp", sequence_parallel=True)
-    check_against_unsharded(lambda: models.llama(kv_heads=2, heads=8), _causal_step, "llama kv=2 sp",
+    check_against_unsharded(models.gpt2, _causal_step, "gpt2 sp", "gpt2", sequence_parallel=True)
+    check_against_unsharded(models.llama, _causal_step, "llama sp", "llama kv=4", sequence_parallel=True)
+    check_against_unsharded(lambda: models.llama(kv_heads=2, heads=8), _causal_step, "llama kv=2 sp", "llama kv=2",
                             sequence_parallel=True)
-    check_against_unsharded(models.bert, _masked_step, "bert sp", sequence_parallel=True)
-    check_against_unsharded(models.vit, _image_step, "vit sp", sequence_parallel=True)
-    check_against_unsharded(models.mingpt, _plain_lm_step, "mingpt sp", sequence_parallel=True)
+    check_against_unsharded(models.bert, _masked_step, "bert sp", "bert", sequence_parallel=True)
+    check_against_unsharded(models.vit, _image_step, "vit sp", "vit", sequence_parallel=True)
+    check_against_unsharded(models.mingpt, _plain_lm_step, "mingpt sp", "mingpt", sequence_parallel=True)
 
 
 def case_sequence_parallel_collectives_per_block():
@@ -413,26 +443,3 @@ def case_attention_dropout_draws_from_the_model_parallel_stream():
     losses = [torch.zeros((), dtype=F64) for _ in range(ts.distributed.get_group_size())]
     torch.distributed.all_gather(losses, loss.detach(), group=ts.distributed.get_group())
     assert all(torch.equal(value, losses[0]) for value in losses), f"ranks disagree on the loss: {losses}"
-
-
-def case_data_parallel_2d_trains_like_unsharded_on_the_global_batch():
-    # DDP over the data-parallel group (layout "2d") around a parallelized Llama (GQA): each data-parallel
-    # rank reads its own batch; training equals the unsharded model on the concatenated batch.
-    dp_size, dp_rank = ts.distributed.get_data_parallel_size(), ts.distributed.get_data_parallel_rank()
-    ref, par = _pair(models.llama)
-    ddp = ts.nn.parallel.DistributedDataParallel(par, layout="2d")
-    optimizers = [torch.optim.AdamW(ref.parameters(), lr=1e-2), torch.optim.AdamW(ddp.parameters(), lr=1e-2)]
-    for step in range(3):
-        batches = [_tokens(100 + 10 * step + r, batch=2)[0] for r in range(dp_size)]
-        optimizers[0].zero_grad()
-        whole = torch.cat(batches)
-        logits = ref(input_ids=whole).logits
-        _causal_reference_loss(logits, whole).backward()  # no ignored labels: the mean of per-rank means
-        optimizers[0].step()
-        optimizers[1].zero_grad()
-        mine = batches[dp_rank]
-        ddp(input_ids=mine, labels=mine).loss.backward()
-        optimizers[1].step()
-    collected = ts.collect_state_dict(par, par.state_dict())
-    for key, value in ref.state_dict().items():
-        assert_close(collected[key], value, F64, f"llama under 2-D DDP: {key} after 3 AdamW steps")

@@ -83,13 +83,14 @@ def fully_shard(model: nn.Module, mesh: Optional[DeviceMesh] = None, *, layout: 
 
     data_parallel = mesh["dp"]
     root_mesh = data_parallel if layout == TWO_D else _world_mesh(device_type)
-    for layer in layers:
-        if layer is model:
-            continue
-        torch_fully_shard(layer, mesh=data_parallel, **fsdp_kwargs)
-        for method in FORWARD_METHODS:
-            if hasattr(layer, method):
-                register_fsdp_forward_method(layer, method)
+    for group in _tied_groups(model, layers):
+        # One unit per set of modules that share a parameter (a tied LM head and its embedding): FSDP2 manages
+        # each parameter in exactly one unit.
+        torch_fully_shard(group[0] if len(group) == 1 else group, mesh=data_parallel, **fsdp_kwargs)
+        for layer in group:
+            for method in FORWARD_METHODS:
+                if hasattr(layer, method):
+                    register_fsdp_forward_method(layer, method)
     for unit in units:
         torch_fully_shard(unit, mesh=root_mesh, **fsdp_kwargs)
     torch_fully_shard(model, mesh=data_parallel if model in layers else root_mesh, **fsdp_kwargs)
@@ -157,6 +158,31 @@ def _owners(model: nn.Module) -> Iterable[nn.Module]:
     modules = dict(model.named_modules(remove_duplicate=False))
     for name, _, _ in named_parameter_shards(model):
         yield modules[name.rpartition(".")[0]]
+
+
+def _tied_groups(model: nn.Module, layers: List[nn.Module]) -> List[List[nn.Module]]:
+    """The shard-holding layers (not ``model``), each with every other module
+    that holds one of its parameters itself (a tied LM head holds its
+    embedding's weight), as groups in the layers' order, innermost first."""
+    holders: dict = {}  # id(parameter) -> the modules that hold it directly
+    for module in model.modules():
+        for parameter in module.parameters(recurse=False):
+            holders.setdefault(id(parameter), []).append(module)
+    placed, groups = {id(model)}, []
+    for layer in layers:
+        if id(layer) in placed:
+            continue
+        group, pending = [], [layer]
+        while pending:
+            module = pending.pop()
+            if id(module) in placed:
+                continue
+            placed.add(id(module))
+            group.append(module)
+            for parameter in module.parameters(recurse=False):
+                pending.extend(holders[id(parameter)])
+        groups.append(group)
+    return groups
 
 
 def _checked_units(model: nn.Module, units: Sequence[nn.Module], layers: List[nn.Module], what: str):

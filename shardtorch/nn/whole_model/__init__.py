@@ -1,4 +1,4 @@
-"""``ts.nn.parallelize``: a whole transformer sharded in one call.
+"""``ts.nn.parallelize`` (this package: ``shardtorch.nn.whole_model``): a whole transformer sharded in one call.
 
 Files: plan.py (the plan: discovery and checks), blocks.py (the attention and
 MLP layouts it knows and their head bookkeeping), layers.py (the head-aware

@@ -61,7 +61,7 @@ def _refusal(module: nn.Module, style: str, size: int) -> Optional[str]:
                     "compute a shard; it is not split (see docs/parallelize.md)")
         layout = find_layout(module, style)
         if layout is None:
-            return f"not a known {style} layout (known: see shardtorch.nn.parallelize.blocks)"
+            return f"not a known {style} layout (known: see shardtorch.nn.whole_model.blocks)"
         return layout.refusal(module, size)
     if style in ("column", "row"):
         if not is_projection(module):

@@ -1,0 +1,74 @@
+"""ts.nn.parallelize with AMP and torch.compile, on 3 ranks (GPT-2's 10 heads split 4,3,3; vocabulary 97
+split unevenly): the parallelized model under torch.autocast("cpu", bfloat16) against the unsharded model in
+float32, and the parallelized model compiled against itself eager in float64."""
+import torch
+
+import shardtorch as ts
+from tests.distributed import parallelize_models as models
+from tests.distributed.cases_parallelize import _causal_reference_loss, _tokens, collected_grads
+
+F64 = torch.float64
+#: bfloat16 keeps 8 significant bits (a relative step of 2**-8 = 3.9e-3 per rounding). Measured on this 2-layer
+#: model: loss 4e-6, gradients at most 1.0e-2 relative to their largest value; 3e-2 leaves 3x for other seeds.
+BF16_RELATIVE = 3e-2
+COMPILED_RELATIVE = 1e-10
+
+
+def _pair(dtype):
+    torch.manual_seed(0)
+    ref = models.gpt2().to(dtype)
+    torch.manual_seed(0)
+    par = ts.nn.parallelize(models.gpt2().to(dtype))
+    return ref, par
+
+
+def _relative(actual, expected):
+    return ((actual.double() - expected.double()).abs().max() / expected.double().abs().max().clamp_min(1e-30)).item()
+
+
+def case_autocast_bfloat16_within_bfloat16_of_float32():
+    ref, par = _pair(torch.float32)
+    ids, labels = _tokens(5)
+    logits = ref(input_ids=ids).logits
+    loss_ref = _causal_reference_loss(logits, labels)
+    loss_ref.backward()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = par(input_ids=ids, labels=labels)
+    assert out.logits.dtype == torch.bfloat16, f"autocast did not reach the LM head: logits {out.logits.dtype}"
+    out.loss.backward()
+    worst = {"loss": _relative(out.loss.detach(), loss_ref.detach())}
+    grads = collected_grads(par)
+    for key, param in ref.named_parameters(remove_duplicate=False):
+        assert grads[key].dtype == torch.float32, f"gradient of {key} is {grads[key].dtype}, not the parameter's"
+        worst[key] = _relative(grads[key], param.grad)
+    bad = {key: value for key, value in worst.items() if not value <= BF16_RELATIVE}
+    assert not bad, f"autocast bfloat16 beyond {BF16_RELATIVE} relative of float32: {bad}"
+    assert max(worst.values()) > 0, "autocast changed nothing: bfloat16 did not run"
+
+
+def case_compiled_matches_eager_in_float64():
+    torch.manual_seed(0)
+    eager = ts.nn.parallelize(models.gpt2().to(F64))
+    torch.manual_seed(0)
+    model = ts.nn.parallelize(models.gpt2().to(F64))
+    torch._dynamo.reset()
+    # aot_eager: dynamo's graphs and AOTAutograd's joint forward/backward, without inductor's slow C++ codegen.
+    compiled = torch.compile(model, backend="aot_eager")
+    for seed in (7, 8):  # the second call runs the compiled graphs again
+        ids, labels = _tokens(seed)
+        results = []
+        for m in (eager, compiled):
+            for p in model.parameters():
+                p.grad = None
+            for p in eager.parameters():
+                p.grad = None
+            out = m(input_ids=ids, labels=labels)
+            out.loss.backward()
+            results.append((out.loss.detach(), out.logits.detach(), collected_grads(eager if m is eager else model)))
+        (loss_e, logits_e, grads_e), (loss_c, logits_c, grads_c) = results
+        assert _relative(loss_c, loss_e) <= COMPILED_RELATIVE, f"compiled loss {loss_c} vs eager {loss_e}"
+        assert _relative(logits_c, logits_e) <= COMPILED_RELATIVE, "compiled logits differ from eager"
+        for key in grads_e:
+            assert _relative(grads_c[key], grads_e[key]) <= COMPILED_RELATIVE, f"compiled gradient of {key} differs"
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    assert graphs > 0, "torch.compile captured no graph: the compiled model ran eagerly"
