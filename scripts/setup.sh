@@ -31,8 +31,9 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
 PIP="$VENV/bin/python -m pip"
-# torch and what the build needs (pip's cmake: Debian's 3.25.1 cannot build the CUDA part).
-$PIP install -q --disable-pip-version-check "$TORCH_SPEC" pybind11 ninja cmake setuptools wheel 2>&1 \
+# torch (with numpy, which it imports if present) and what the build needs (pip's cmake: Debian's
+# 3.25.1 cannot build the CUDA part).
+$PIP install -q --disable-pip-version-check "$TORCH_SPEC" numpy pybind11 ninja cmake setuptools wheel 2>&1 \
   | grep -v "^WARNING: Location" || true
 "$VENV/bin/python" -c "import torch" # fail here, clearly, if torch did not install
 
