@@ -9,12 +9,25 @@ caching allocator's statistics.
 import importlib.util
 import json
 import os
+import platform
 import statistics
 import sys
 import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def cpu_name() -> str:
+    """The CPU's model name, to print beside every figure (machines differ)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
 
 
 def _load_launcher():

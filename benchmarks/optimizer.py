@@ -23,22 +23,15 @@ thread count. Memory: the parameter, the gradient and one optimizer's state
 import argparse
 import importlib.util
 import json
-import platform
+import os
 import statistics
+import sys
 import time
 
 import torch
 
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
 
 
 def _load_optim(path):
@@ -95,7 +88,7 @@ def main():
     # What a sampled ParallelMarginLoss gives its weight: coalesced, sorted rows.
     sparse = torch.sparse_coo_tensor(kept_rows.unsqueeze(0), dense[kept_rows], dense.shape).coalesce()
 
-    results = {"cpu": _cpu_name(), "torch": torch.__version__, "shape": [args.rows, args.cols],
+    results = {"cpu": common.cpu_name(), "torch": torch.__version__, "shape": [args.rows, args.cols],
                "kept": args.kept, "repeats": args.repeats, "ms": {}}
     for threads in [int(t) for t in args.threads.split(",")]:
         torch.set_num_threads(threads)

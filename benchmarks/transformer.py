@@ -50,7 +50,6 @@ benchmarks/out/transformer.json).
 import argparse
 import json
 import os
-import platform
 import sys
 from collections import Counter
 
@@ -213,22 +212,13 @@ def _merge(ranks):
     return merged
 
 
-def _cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def _markdown(args, merged):
     mib = 2 ** 20
     lines = [f"GPT-2-style model: {args.layers} layers, width {args.width}, {args.heads} heads, vocabulary "
              f"{args.vocab:,}, batch {args.batch} x {args.seq_len} tokens, float32, {args.world_size} CPU ranks "
-             f"(Gloo, 1 thread each) on {_cpu_name()}; median of {args.repeats} steps",
+             f"(Gloo, 1 thread each) on {common.cpu_name()}; median of {args.repeats} steps",
              "",
              "| approach | step (s) | vs dtensor | peak MiB/rank | vs dtensor | params MiB/rank | collectives per step "
              "| first loss rel. error |",
@@ -273,7 +263,7 @@ def main():
         print(f"WARNING: first-step loss differs from the unsharded model's beyond {LOSS_TOLERANCE}: {bad}")
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:
-        json.dump({"args": {k: v for k, v in vars(args).items() if k != "worker"}, "cpu": _cpu_name(),
+        json.dump({"args": {k: v for k, v in vars(args).items() if k != "worker"}, "cpu": common.cpu_name(),
                    "results": merged}, f, indent=1)
     print(f"wrote {args.json}")
 

@@ -81,3 +81,32 @@ def run_ranks(command: Iterable, world_size: int, timeout: float, what: Optional
     """start_ranks, then wait_ranks: [(returncode, output)] per rank."""
     command = list(command)
     return wait_ranks(start_ranks(command, world_size, **kwargs), timeout, what or " ".join(map(str, command)))
+
+
+def run_agents(commands: Iterable[Iterable], timeout: float, env: Optional[dict] = None,
+               cwd: str = REPO) -> List[Tuple[int, str]]:
+    """Starts one torchrun agent per command (the tests' stand-ins for nodes)
+    with this process's environment plus ``env`` and the repository first on
+    PYTHONPATH, waits for all, and returns [(returncode, output)] per agent. An
+    agent not done within ``timeout`` seconds (counted per agent, in order) is
+    killed and returns what it printed; no agent outlives this call."""
+    environment = dict(os.environ, **(env or {}))
+    environment["PYTHONPATH"] = REPO + os.pathsep + environment.get("PYTHONPATH", "")
+    agents = [subprocess.Popen([str(part) for part in command], cwd=cwd, env=environment,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+              for command in commands]
+    results = []
+    try:
+        for agent in agents:
+            try:
+                out, _ = agent.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                agent.kill()
+                out, _ = agent.communicate()
+            results.append((agent.returncode, out))
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                agent.kill()
+                agent.wait()
+    return results

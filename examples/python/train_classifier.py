@@ -48,8 +48,8 @@ import shardtorch as ts
 from shardtorch.utils.memory import PeakMemory
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the shared pieces beside this file
-from training_common import (latest_checkpoint, load_checkpoint, make_scheduler, memory_report,  # noqa: E402
-                             print_in_rank_order, save_checkpoint)
+from training_common import (Progress, latest_checkpoint, load_checkpoint, make_scheduler,  # noqa: E402
+                             memory_report, print_in_rank_order, save_checkpoint)
 
 
 def build_parser():
@@ -421,16 +421,10 @@ def main(argv=None):
     def evaluate_and_report(step):
         accuracy[step] = evaluate()
         top1, top5, count = accuracy[step]
-        line = f"eval after step {step}: {heldout_name} top-1 {top1:.3f} top-5 {top5:.3f} ({count} samples)"
-        if progress:
-            progress.write(line)
-        elif rank == 0:
-            print(line, flush=True)
+        progress.note(f"eval after step {step}: {heldout_name} top-1 {top1:.3f} top-5 {top5:.3f} "
+                      f"({count} samples)")
 
-    progress = None
-    if rank == 0 and not args.no_progress:
-        from tqdm import tqdm
-        progress = tqdm(total=args.steps, initial=start_step, unit="step", dynamic_ncols=True)
+    progress = Progress(rank, args.steps, start_step, enabled=not args.no_progress)
     losses, seen, train_seconds = {}, 0, 0.0
     peak = PeakMemory(device)
     with peak:
@@ -449,17 +443,12 @@ def main(argv=None):
             if step + 1 == args.steps or (eval_every and (step + 1) % eval_every == 0):
                 evaluate_and_report(step + 1)
             top1, top5, _ = accuracy[max(accuracy)]  # the latest evaluation
-            if progress:
-                progress.set_postfix(loss=f"{loss:.3f}", acc=f"{top1:.2f}", top5=f"{top5:.2f}",
-                                     samples_s=f"{rate:.0f}")
-                progress.update(1)
-            elif rank == 0:
-                print(f"step {step + 1}/{args.steps} loss {loss:.4f} acc {top1:.3f} top5 {top5:.3f} "
-                      f"samples/s {rate:.0f}", flush=True)
+            progress.step(f"step {step + 1}/{args.steps} loss {loss:.4f} acc {top1:.3f} top5 {top5:.3f} "
+                          f"samples/s {rate:.0f}",
+                          loss=f"{loss:.3f}", acc=f"{top1:.2f}", top5=f"{top5:.2f}", samples_s=f"{rate:.0f}")
             if args.save and args.save_every and (step + 1) % args.save_every == 0:
                 save_checkpoint(args.save, step + 1, model_parts, model, optimizer, scaler, scheduler)
-    if progress:
-        progress.close()
+    progress.close()
     if rank == 0 and losses:
         (before, (top1_0, top5_0, _)), (after, (top1, top5, count)) = min(accuracy.items()), max(accuracy.items())
         print(f"trained steps {min(losses) + 1}-{max(losses) + 1}: loss {losses[min(losses)]:.3f} -> "

@@ -37,8 +37,8 @@ from shardtorch.utils.memory import PeakMemory
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the shared pieces beside this file
 import stdlib_corpus  # noqa: E402
-from training_common import (load_checkpoint, make_scheduler, memory_report, print_in_rank_order,  # noqa: E402
-                             save_checkpoint)
+from training_common import (Progress, load_checkpoint, make_scheduler, memory_report,  # noqa: E402
+                             print_in_rank_order, save_checkpoint)
 
 
 def build_parser():
@@ -223,16 +223,9 @@ def main(argv=None):
 
     def evaluate(step):
         evaluations[step] = loss = heldout_loss()
-        line = f"eval after step {step}: held-out loss {loss:.4f} perplexity {math.exp(loss):.2f}"
-        if progress:
-            progress.write(line)
-        elif rank == 0:
-            print(line, flush=True)
+        progress.note(f"eval after step {step}: held-out loss {loss:.4f} perplexity {math.exp(loss):.2f}")
 
-    progress = None
-    if rank == 0 and not args.no_progress:
-        from tqdm import tqdm
-        progress = tqdm(total=args.steps, initial=start_step, unit="step", dynamic_ncols=True)
+    progress = Progress(rank, args.steps, start_step, enabled=not args.no_progress)
     tokens, train_seconds = 0, 0.0
     with PeakMemory(device) as peak:
         evaluate(start_step)
@@ -243,16 +236,11 @@ def main(argv=None):
             tokens += args.batch_size * args.seq_len * replicas
             if step + 1 == args.steps or (args.eval_every and (step + 1) % args.eval_every == 0):
                 evaluate(step + 1)
-            if progress:
-                progress.set_postfix(loss=f"{loss:.3f}", tokens_s=f"{tokens / train_seconds:.0f}")
-                progress.update(1)
-            elif rank == 0:
-                print(f"step {step + 1}/{args.steps} loss {loss:.4f} tokens/s {tokens / train_seconds:.0f}",
-                      flush=True)
+            progress.step(f"step {step + 1}/{args.steps} loss {loss:.4f} tokens/s {tokens / train_seconds:.0f}",
+                          loss=f"{loss:.3f}", tokens_s=f"{tokens / train_seconds:.0f}")
             if args.save and args.save_every and (step + 1) % args.save_every == 0:
                 save_checkpoint(args.save, step + 1, {"model": lm}, net, optimizer, None, scheduler)
-    if progress:
-        progress.close()
+    progress.close()
     if rank == 0 and losses:
         first, last = min(losses), max(losses)
         before, after = math.exp(evaluations[min(evaluations)]), math.exp(evaluations[max(evaluations)])

@@ -14,6 +14,36 @@ import shardtorch as ts
 
 
 # ----------------------------------------------------------------------------- checkpoints
+class Progress:
+    """Rank 0's view of training: a tqdm bar (evaluation lines printed above
+    it), or with ``enabled=False`` one printed line per step; other ranks
+    print nothing."""
+
+    def __init__(self, rank, steps, start_step, enabled):
+        self.rank, self.bar = rank, None
+        if rank == 0 and enabled:
+            from tqdm import tqdm
+            self.bar = tqdm(total=steps, initial=start_step, unit="step", dynamic_ncols=True)
+
+    def note(self, line):
+        if self.bar:
+            self.bar.write(line)
+        elif self.rank == 0:
+            print(line, flush=True)
+
+    def step(self, line, **postfix):
+        """One training step done: the bar advances showing ``postfix``, or ``line`` is printed."""
+        if self.bar:
+            self.bar.set_postfix(**postfix)
+            self.bar.update(1)
+        elif self.rank == 0:
+            print(line, flush=True)
+
+    def close(self):
+        if self.bar:
+            self.bar.close()
+
+
 def save_checkpoint(directory, step, model_parts, model, optimizer, scaler, scheduler):
     """Everything is collected to rank 0 in the unsharded model's form, so
     that the checkpoint resumes at any number of ranks and any layout:

@@ -7,15 +7,14 @@ optimizer state) and end with the parameters of the reference trajectory:
 4 ranks to step 2, saved, resumed on 3 ranks to the end (float64, 1e-12).
 It is also the test of agents on several nodes training together: rank 0 logs
 every step and each of the final world's ranks prints its summary once."""
-import os
 import re
-import subprocess
 import sys
 
 import torch
 
-from tests.distributed.harness import REPO, free_port, run_script
+from tests.distributed.harness import free_port, run_script
 from tests.distributed.test_train_classifier import PROGRAM, SMALL
+from tests.launcher import run_agents
 
 RUN = [*SMALL, "--dtype", "float64", "--steps", "5"]
 
@@ -29,33 +28,23 @@ def test_lost_node_restarts_smaller_and_matches_the_reference(tmp_path):
         assert code == 0, output[-4000:]
 
     port = free_port()
-    env = dict(os.environ, OMP_NUM_THREADS="1", SHARDTORCH_TIMEOUT="60",
-               PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     elastic = tmp_path / "elastic.pt"
-    agents = []
+    commands = []
     for node in range(4):
         # Node 0 hosts the rendezvous store; node 3 is the one lost.
         fault = ["--fail-at-step", "3", "--fail-rank", "-1", "--fail-kills-agent"] if node == 3 else []
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "3:4", "--nproc-per-node", "1",
-               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"shrink-{port}",
-               "--rdzv-conf", f"is_host={'true' if node == 0 else 'false'},last_call_timeout=5",
-               "--max-restarts", "3", PROGRAM, *map(str, RUN), "--save", str(tmp_path / "elastic"),
-               "--save-every", "2", "--auto-resume", "--dump-params", str(elastic), *fault]
-        agents.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                       text=True))
-    outputs = []
-    try:
-        for agent in agents:
-            outputs.append(agent.communicate(timeout=900)[0])
-    finally:
-        for agent in agents:
-            if agent.poll() is None:
-                agent.kill()
-                agent.wait()
-    assert agents[3].returncode == -9, f"node 3 was not lost:\n{outputs[3][-3000:]}"
+        commands.append([sys.executable, "-m", "torch.distributed.run", "--nnodes", "3:4", "--nproc-per-node", "1",
+                         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id",
+                         f"shrink-{port}", "--rdzv-conf",
+                         f"is_host={'true' if node == 0 else 'false'},last_call_timeout=5",
+                         "--max-restarts", "3", PROGRAM, *RUN, "--save", tmp_path / "elastic",
+                         "--save-every", "2", "--auto-resume", "--dump-params", elastic, *fault])
+    results = run_agents(commands, timeout=900, env={"OMP_NUM_THREADS": "1", "SHARDTORCH_TIMEOUT": "60"})
+    codes, outputs = [code for code, _ in results], [out for _, out in results]
+    assert codes[3] == -9, f"node 3 was not lost:\n{outputs[3][-3000:]}"
     # (Spare restarts: on a loaded host the first re-rendezvous may still count the lost node.)
     for node in range(3):
-        assert agents[node].returncode == 0, f"agent {node} exited {agents[node].returncode}:\n{outputs[node][-5000:]}"
+        assert codes[node] == 0, f"agent {node} exited {codes[node]}:\n{outputs[node][-5000:]}"
     expected, resumed = torch.load(reference), torch.load(elastic)
     assert expected.keys() == resumed.keys()
     for part in expected:

@@ -6,37 +6,23 @@ is tested on layouts torchrun cannot make here."""
 import glob
 import json
 import os
-import subprocess
 import sys
 
 from shardtorch.distributed.placement import describe_spanning_groups
 from tests.distributed.harness import REPO, free_port
+from tests.launcher import run_agents
 
 
 def _agents(out_dir, group_sizes):
     port = free_port()
-    env = dict(os.environ, OMP_NUM_THREADS="1", SHARDTORCH_TIMEOUT="120",
-               PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     script = os.path.join(REPO, "tests", "distributed", "scripts", "placement.py")
-    agents = []
-    for node_rank in (0, 1):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node_rank),
-               "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-               "--rdzv-id", f"shardtorch-placement-{port}", "--max-restarts", "0", script,
-               str(out_dir), *map(str, group_sizes)]
-        agents.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                                       stderr=subprocess.STDOUT, text=True))
-    outputs = []
-    try:
-        for agent in agents:
-            outputs.append(agent.communicate(timeout=300)[0])
-    finally:
-        for agent in agents:
-            if agent.poll() is None:
-                agent.kill()
-                agent.wait()
-    for node_rank, (agent, out) in enumerate(zip(agents, outputs)):
-        assert agent.returncode == 0, f"agent {node_rank} exited {agent.returncode}:\n{out[-4000:]}"
+    commands = [[sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", node_rank,
+                 "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                 "--rdzv-id", f"shardtorch-placement-{port}", "--max-restarts", "0", script, out_dir,
+                 *group_sizes] for node_rank in (0, 1)]
+    results = run_agents(commands, timeout=300, env={"OMP_NUM_THREADS": "1", "SHARDTORCH_TIMEOUT": "120"})
+    for node_rank, (code, out) in enumerate(results):
+        assert code == 0, f"agent {node_rank} exited {code}:\n{out[-4000:]}"
     reports = []
     for path in sorted(glob.glob(os.path.join(out_dir, "rank*.json"))):
         with open(path) as f:
