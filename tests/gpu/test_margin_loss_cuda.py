@@ -155,3 +155,52 @@ def test_under_autocast_the_loss_runs_in_float32(weight_dtype):
     # Computed in float32, rounded once to the weight's dtype.
     tol = {"rtol": 1e-4, "atol": 1e-6} if weight_dtype == torch.float32 else {"rtol": 1e-2, "atol": 1e-4}
     torch.testing.assert_close(grad.to_dense().double().cpu(), ref_w, **tol)
+
+
+def _syncs(fn):
+    """Host synchronisations torch.cuda.set_sync_debug_mode reports while ``fn`` runs."""
+    import warnings
+    torch.cuda.synchronize()
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+    return [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="counts CUDA host synchronisations")
+@pytest.mark.parametrize("rate,most", [(0.1, 2), (1.0, 0)])
+def test_host_syncs_per_step(rate, most):
+    """At rate < 1 at most two host reads per step (docs/cuda.md): the count of the shard's
+    positives and the count of distinct drawn classes, which set the kept count; none in the op
+    itself (its check of the kept classes stays on the device), none at rate 1."""
+    module = ts.nn.ParallelMarginLoss(FEATURES, CLASSES, sample_rate=rate, device="cuda")
+    x, target = _batch(5)
+    x, target = x.to("cuda", torch.float32).requires_grad_(), target.cuda()
+    module(x, target).backward()  # warm-up
+    module.weight.grad = x.grad = None  # a sum of sparse gradients is not what is counted
+    step = _syncs(lambda: module(x, target).backward())
+    module.weight.grad = x.grad = None
+    assert len(step) <= most, step
+    kept = module.last_sampled_classes
+    op = _syncs(lambda: ts.nn.functional.parallel_margin_cross_entropy(
+        x, module.weight, target, sampled_classes=kept if rate < 1 else None).backward())
+    assert not op, op
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the deferred check is CUDA's")
+def test_bad_sampled_classes_on_cuda_give_nan_then_a_clear_error():
+    """Not read on the host: clamped for indexing (never a device fault), the loss NaN, and the
+    group's next collective raises, naming sampled_classes."""
+    w = torch.randn(50, FEATURES, device="cuda")
+    x = torch.randn(4, FEATURES, device="cuda")
+    target = torch.tensor([1, 2, 3, 4], device="cuda")
+    bad = torch.tensor([1, 2, 3, 4, 60], device="cuda")  # 60 is out of range
+    loss = ts.nn.functional.parallel_margin_cross_entropy(x, w, target, sampled_classes=bad)
+    assert torch.isnan(loss).item()
+    with pytest.raises(RuntimeError, match=r"sampled_classes must be strictly increasing local class indices"):
+        torch.ops.shard.reduce(torch.ones(2, device="cuda"), "tp")
