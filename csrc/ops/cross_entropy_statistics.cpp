@@ -121,6 +121,11 @@ std::string check_verdict(const std::vector<double>& gathered, int64_t own_rank,
                     ") or equal ignore_index=", ignore_index, ", got ",
                     static_cast<int64_t>(gathered[2 * own_rank + 1]));
   }
+  if (code_of(own_rank) == LocalCheck::kSampledClasses) {  // found on the device (CUDA)
+    return c10::str(op,
+                    ": sampled_classes must be strictly increasing local class indices in "
+                    "[0, local classes) holding every target of this rank's shard");
+  }
   for (int64_t r = 0; r < ranks; ++r) {
     if (code_of(r) != LocalCheck::kOk) {
       return c10::str(op, ": group rank ", r, " failed a check: ", describe(code_of(r)),
@@ -248,12 +253,18 @@ at::Tensor combine_over_group(const CrossEntropyForwardSetup& setup, const at::T
     trailer.select(0, kGatheredWeightSum).fill_(static_cast<double>(layout.local));
   }
   at::Tensor code = trailer.select(0, kGatheredCheckCode);
-  if (setup.check.code != LocalCheck::kOk || !setup.check.target_out_of_range.defined()) {
-    code.fill_(static_cast<double>(setup.check.code));
-  } else {
-    code.copy_(
-        at::where(setup.check.target_out_of_range, static_cast<double>(LocalCheck::kTarget), 0.0));
-    trailer.select(0, kGatheredBadTarget).copy_(setup.check.first_bad_target);
+  code.fill_(static_cast<double>(setup.check.code));
+  if (setup.check.code == LocalCheck::kOk) {
+    // The checks found on the device, never read here: a bad target first.
+    if (setup.check.sampled_classes_bad.defined()) {
+      code.copy_(at::where(setup.check.sampled_classes_bad,
+                           static_cast<double>(LocalCheck::kSampledClasses), 0.0));
+    }
+    if (setup.check.target_out_of_range.defined()) {
+      code.copy_(at::where(setup.check.target_out_of_range,
+                           static_cast<double>(LocalCheck::kTarget), code));
+      trailer.select(0, kGatheredBadTarget).copy_(setup.check.first_bad_target);
+    }
   }
   at::Tensor gathered = at::empty({communicator.size(), rows + 1, kNumRowStats}, f64);
   communicator.all_gather(packed, gathered);

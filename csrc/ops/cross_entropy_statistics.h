@@ -60,6 +60,9 @@ struct LocalCheck {
   std::string message;
   at::Tensor target_out_of_range;  // 0-d bool on the device, or undefined
   at::Tensor first_bad_target;     // 0-d int64 on the device: the first such value
+  // 0-d bool on the device, or undefined: the margin loss's sampled_classes
+  // check, left on a CUDA device (a host read per step otherwise).
+  at::Tensor sampled_classes_bad;
   void fail(Code c, std::string m);
 };
 

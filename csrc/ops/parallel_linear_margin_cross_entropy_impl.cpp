@@ -156,8 +156,9 @@ KeptTargets targets_among_kept(const at::Tensor& kept, const at::Tensor& target_
 }
 
 // Forward with sampled classes: their targets among the kept classes, and
-// this rank's check of its sampled_classes (one host read), carried to the
-// gather so that every rank raises.
+// this rank's check of its sampled_classes, carried to the gather so that
+// every rank raises. On the CPU it is read at once (it names the fault); on
+// CUDA it stays on the device (no host wait) and the gather's verdict raises.
 void use_kept_classes(CrossEntropyForwardSetup& setup, const at::Tensor& kept) {
   const int64_t k = kept.size(0), local = setup.layout.local;
   KeptTargets among = targets_among_kept(kept, setup.target_local);
@@ -165,7 +166,14 @@ void use_kept_classes(CrossEntropyForwardSetup& setup, const at::Tensor& kept) {
   const at::Tensor out_of_range = k > 0 ? kept.lt(0).logical_or(kept.ge(local)).any() : no;
   const at::Tensor not_increasing =
       k > 1 ? kept.narrow(0, 1, k - 1).le(kept.narrow(0, 0, k - 1)).any() : no;
-  const at::Tensor host = at::stack({out_of_range, not_increasing, among.missing}).cpu();
+  const at::Tensor faults = at::stack({out_of_range, not_increasing, among.missing});
+  setup.target_local = among.target;
+  setup.layout.local = k;  // the classes this rank brings to the loss
+  if (kept.is_cuda() && local > 0) {
+    setup.check.sampled_classes_bad = faults.any();
+    return;
+  }
+  const at::Tensor host = faults.cpu();
   const bool* bad = host.const_data_ptr<bool>();
   if (bad[0] || bad[1] || bad[2]) {
     setup.check.fail(
@@ -177,8 +185,6 @@ void use_kept_classes(CrossEntropyForwardSetup& setup, const at::Tensor& kept) {
                  : bad[1] ? "indices not strictly increasing"
                           : "a target that is not among them"));
   }
-  setup.target_local = among.target;
-  setup.layout.local = k;  // the classes this rank brings to the loss
 }
 
 at::Tensor x_rows(const at::Tensor& input, int64_t rows) {
@@ -296,6 +302,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> margin_by_row_blocks(
   return {loss, saved, grad_input, grad_weight};
 }
 
+// The kept classes as row indices of the weight. On CUDA their check is not
+// read before use (use_kept_classes): clamped, so that bad ones index rows
+// that exist (the loss is NaN and the verdict raises) and never fault.
+at::Tensor kept_row_indices(const at::Tensor& sampled_classes, int64_t local) {
+  const at::Tensor kept = sampled_classes.contiguous();
+  return kept.is_cuda() && local > 0 ? kept.clamp(0, local - 1) : kept;
+}
+
 // What both forwards derive before touching data: the checked arguments, the
 // forward setup and, with sampling, the kept classes (one host read).
 struct MarginForwardSetup {
@@ -316,8 +330,9 @@ MarginForwardSetup prepare_margin_forward(const at::Tensor& input, const at::Ten
       prepare_cross_entropy_forward(group, input.device(), input.scalar_type(), weight.size(0),
                                     num_classes, target, std::nullopt, options, op);
   if (is_sampled(sampled_classes)) {
-    prepared.kept = sampled_classes->contiguous();
-    use_kept_classes(prepared.setup, prepared.kept);
+    const int64_t local = prepared.setup.layout.local;
+    use_kept_classes(prepared.setup, sampled_classes->contiguous());
+    prepared.kept = kept_row_indices(*sampled_classes, local);
   }
   return prepared;
 }
@@ -378,9 +393,10 @@ std::tuple<at::Tensor, at::Tensor> parallel_linear_margin_cross_entropy_backward
   at::Tensor kept;
   int64_t columns = weight.size(0);
   if (is_sampled(sampled_classes)) {
-    kept = sampled_classes->contiguous();
+    setup.target_local =
+        targets_among_kept(sampled_classes->contiguous(), setup.target_local).target;
+    kept = kept_row_indices(*sampled_classes, weight.size(0));
     columns = kept.size(0);
-    setup.target_local = targets_among_kept(kept, setup.target_local).target;
   }
 
   NormalizedRows x = normalize_rows(x_rows(input, rows));

@@ -53,7 +53,8 @@ def _uniform_subset(n: int, m: int, generator: torch.Generator, device) -> torch
     if 2 * m > n:
         keep = torch.zeros(n, dtype=torch.bool, device=device)
         keep[torch.randperm(n, generator=generator, device=device)[:m]] = True
-        return keep.nonzero().squeeze(1)
+        # m are set: nonzero_static needs no host read of the count, as nonzero() does on CUDA.
+        return torch.nonzero_static(keep, size=m).squeeze(1)
     draws = max(1, int(_OVERDRAW * m) + _MIN_DRAWS)
     while True:
         distinct = _sorted_distinct_draws(n, draws, generator, device)
@@ -62,7 +63,7 @@ def _uniform_subset(n: int, m: int, generator: torch.Generator, device) -> torch
         draws *= 2
     chosen = torch.zeros(distinct.numel(), dtype=torch.bool, device=device)
     chosen[torch.randperm(distinct.numel(), generator=generator, device=device)[:m]] = True
-    return distinct[chosen]
+    return distinct[torch.nonzero_static(chosen, size=m).squeeze(1)]
 
 
 def _sorted_distinct_draws(n: int, draws: int, generator: torch.Generator, device) -> torch.Tensor:

@@ -141,13 +141,12 @@ class ParallelMarginLoss(nn.Module):
         lo, hi = self._class_range
         local = hi - lo
         labels = _targets_of_every_replica(target.reshape(-1), self.ignore_index)
-        mine = labels[(labels >= lo) & (labels < hi) & (labels != self.ignore_index)]
-        positives = torch.unique(mine - lo)
+        positives = _local_positives(labels, lo, hi, self.ignore_index, self.weight.device)
         keep = min(local, math.ceil(self.sample_rate * local))
         step = int(self.sampling_step)
         self.sampling_step.fill_(step + 1)
         if positives.numel() >= keep:
-            return positives.to(torch.int64)
+            return positives
         # PartialFC's distribution (the positives and uniformly drawn others),
         # drawn in time that scales with `keep` (class_sampling.py). The
         # generator depends on the seed, the shard and the step only: the
@@ -172,6 +171,18 @@ def _mix(seed: int, shard: int, step: int) -> int:
     return value & ((1 << 63) - 1)
 
 
+def _local_positives(labels: torch.Tensor, lo: int, hi: int, ignore_index: int, device) -> torch.Tensor:
+    """The distinct targets in [lo, hi), less lo, sorted int64 on ``device``. One host read (their
+    count) on CUDA, where a boolean mask and torch.unique would each wait for the device."""
+    labels = labels.to(device)
+    mine = (labels >= lo) & (labels < hi) & (labels != ignore_index)
+    # Every label outside the shard lands in the extra slot hi - lo, which is then left out.
+    present = torch.zeros(hi - lo + 1, dtype=torch.bool, device=device)
+    present[torch.where(mine, labels - lo, hi - lo)] = True
+    present = present[:-1]
+    return torch.nonzero_static(present, size=int(present.sum())).squeeze(1)
+
+
 def _targets_of_every_replica(labels: torch.Tensor, ignore_index: int) -> torch.Tensor:
     """``labels`` of every data-parallel replica, concatenated (this rank's
     alone without data parallelism): the positives every replica keeps."""
@@ -182,7 +193,7 @@ def _targets_of_every_replica(labels: torch.Tensor, ignore_index: int) -> torch.
     count = torch.tensor([labels.numel()], device=labels.device)
     counts = [torch.empty_like(count) for _ in range(size)]
     dist.all_gather(counts, count, group=group)
-    longest = int(max(c.item() for c in counts))
+    longest = int(torch.stack(counts).max())  # one host read, not one per replica
     padded = torch.full((longest,), ignore_index, dtype=labels.dtype, device=labels.device)
     padded[:labels.numel()] = labels
     gathered = [torch.empty_like(padded) for _ in range(size)]

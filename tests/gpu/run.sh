@@ -3,9 +3,16 @@
 # few minutes. Made for the device tool's H200 machine (torch 2.11 + CUDA 13,
 # nvcc, cmake, ninja, pybind11, pytest, no network): it builds in place with
 # the machine's own torch (an extension built elsewhere will not load there).
+#
+#   bash tests/gpu/run.sh quick   build, GPU tests, benchmarks/gpu_probe.py: one short call
+#                                 (each stage under a time limit, about 8 minutes at most)
+#   bash tests/gpu/run.sh         the same build and tests, then the longer benchmarks
+#
 #   OUT          folder for logs (the device tool sets it; default build/gpu-out)
 #   SHARDTORCH_CUDA_ARCH  default 9.0 (Hopper)
 set -uo pipefail
+MODE="${1:-full}"
+case "$MODE" in quick|full) ;; *) echo "usage: bash tests/gpu/run.sh [quick|full]" >&2; exit 2 ;; esac
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-build/gpu-out}"
 mkdir -p "$OUT"
@@ -15,13 +22,30 @@ export SHARDTORCH_JOBS="${SHARDTORCH_JOBS:-$(nproc)}" SHARDTORCH_BUILD_DIR=build
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/gpu.txt"
 
-start=$(date +%s)
-$PY setup.py -q build_ext --inplace 2>&1 | tail -20 | tee "$OUT/build.log"
-echo "build: $(( $(date +%s) - start )) s" | tee -a "$OUT/build.log"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# Stage limits (seconds) of the quick mode: 4 + 2.5 + 1.5 minutes. Only the library and its
+# Python module are built (SHARDTORCH_BUILD_TESTS stays 0), for one architecture, with every core.
+limit() { if [ "$MODE" = quick ]; then echo "timeout -k 10 $1"; fi; }
+summary=()
+stage() {  # stage NAME LOG COMMAND...: runs it, logs it, records its status and time
+  local name=$1 log=$2 t0 rc; shift 2
+  t0=$(date +%s)
+  "$@" >"$log" 2>&1; rc=$?
+  tail -25 "$log"
+  summary+=("$(printf '%-10s rc %-3s %4s s  %s' "$name" "$rc" "$(( $(date +%s) - t0 ))" "$log")")
+  return $rc
+}
 
 status=0
-$PY -m pytest tests/gpu -q -x 2>&1 | tee "$OUT/gpu-tests.log" || status=1
+stage build "$OUT/build.log" $(limit 240) $PY setup.py build_ext --inplace || status=1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if [ $status = 0 ]; then
+  stage gpu-tests "$OUT/gpu-tests.log" $(limit 150) $PY -m pytest tests/gpu -q -rs -p no:cacheprovider || status=1
+  stage probe "$OUT/probe.log" $(limit 90) $PY benchmarks/gpu_probe.py --out "$OUT" || status=1
+fi
+echo "== summary ($MODE)"; printf '%s\n' "${summary[@]}"
+grep -E "passed|failed|error" "$OUT/gpu-tests.log" 2>/dev/null | tail -1
+sed -n '/^== probe/,$p' "$OUT/probe.log" 2>/dev/null
+[ "$MODE" = quick ] && exit $status
 # Benchmarks: one rank per GPU; on a single GPU the parallel path runs on one
 # rank (no communication), which still compares kernels and memory.
 $PY benchmarks/parallel_linear.py --device cuda --world-size 1 --batch 8192 --in-features 4096 \

@@ -1,0 +1,129 @@
+"""The CUDA sources compile against torch 2.11.0's headers (the torch of the GPU machine,
+where the extension must be built in place), on a machine without a GPU.
+
+torch 2.11.0+cu130's wheel is downloaded once into ~/.cache/shardtorch/wheels and only its
+headers are unpacked (never installed); NCCL and cuBLAS headers come from the nvidia-* wheels
+of this environment's torch, CUDA's from the nvcc toolkit. Each CUDA .cpp is parsed with
+`g++ -fsyntax-only`, each .cu is compiled by nvcc for sm_90 (the H200), all in parallel.
+
+Also runnable by hand: `python tests/unit/test_cuda_compiles_against_torch_2_11.py`.
+"""
+import concurrent.futures
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import zipfile
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TORCH_VERSION = "2.11.0"
+CACHE = os.path.join(os.path.expanduser("~"), ".cache", "shardtorch")
+WHEEL_DIR = os.path.join(CACHE, "wheels")
+HEADERS_DIR = os.path.join(CACHE, f"torch-{TORCH_VERSION}-include")
+# The CUDA part's sources (CMakeLists.txt's SHARDTORCH_CUDA_SOURCES); the test below checks the list.
+CUDA_CPP_SOURCES = ["csrc/comm/nccl_communicator.cpp", "csrc/ops/cuda/cublaslt_gemm.cpp",
+                    "csrc/ops/cuda/parallel_linear_cuda.cpp"]
+# The definitions torch's CMake config and CMakeLists.txt give every source of the CUDA build.
+DEFINES = ["-DSHARDTORCH_WITH_CUDA=1", "-DUSE_C10D_NCCL", "-DUSE_DISTRIBUTED", "-DUSE_C10D_GLOO"]
+
+
+def cuda_root():
+    """The CUDA toolkit (CUDA_HOME, else /usr/local/cuda: /usr/local/bin/nvcc may be a wrapper)."""
+    root = os.environ.get("CUDA_HOME") or "/usr/local/cuda"
+    return root if os.path.exists(os.path.join(root, "bin", "nvcc")) else None
+
+
+def nvcc_path():
+    return os.path.join(cuda_root(), "bin", "nvcc") if cuda_root() else None
+
+
+def torch_2_11_headers():
+    """torch 2.11.0's include folder, downloaded and unpacked on first use."""
+    marker = os.path.join(HEADERS_DIR, ".complete")
+    if os.path.exists(marker):
+        return os.path.join(HEADERS_DIR, "torch", "include")
+    wheels = glob.glob(os.path.join(WHEEL_DIR, f"torch-{TORCH_VERSION}-*.whl"))
+    if not wheels:
+        # The cp312 manylinux wheel is the GPU machine's; its headers are Python-independent.
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps",
+                        "--only-binary=:all:", "--python-version", "3.12", "--platform", "manylinux_2_28_x86_64",
+                        "-d", WHEEL_DIR, f"torch=={TORCH_VERSION}"], check=True)
+        wheels = glob.glob(os.path.join(WHEEL_DIR, f"torch-{TORCH_VERSION}-*.whl"))
+    shutil.rmtree(HEADERS_DIR, ignore_errors=True)
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        wheel.extractall(HEADERS_DIR, [n for n in wheel.namelist() if n.startswith("torch/include/")])
+    open(marker, "w").close()
+    return os.path.join(HEADERS_DIR, "torch", "include")
+
+
+def compile_commands(torch_include, work_dir, nvcc):
+    nvidia = os.path.join(sysconfig.get_paths()["purelib"], "nvidia")
+    generated = os.path.join(work_dir, "include")
+    os.makedirs(os.path.join(generated, "shardtorch"), exist_ok=True)
+    with open(os.path.join(generated, "shardtorch", "build_info.h"), "w") as f:  # what CMake generates
+        f.write("#pragma once\nnamespace shardtorch {\nconstexpr bool kBuiltWithCuda = true;\n"
+                "constexpr bool kBuiltWithGloo = false;\nconstexpr const char* kVersion = \"0.0.0\";\n}\n")
+    cuda_include = os.path.join(cuda_root(), "include")
+    flags = DEFINES + ["-I" + generated, "-I" + os.path.join(REPO, "csrc"),
+                       "-I" + os.path.join(nvidia, "nccl", "include"), "-I" + os.path.join(nvidia, "cu13", "include"),
+                       "-isystem", torch_include, "-isystem", os.path.join(torch_include, "torch/csrc/api/include"),
+                       "-isystem", cuda_include]
+    commands = {src: ["g++", "-std=gnu++20", "-fsyntax-only", "-Wall", "-Wno-unused-parameter"] + flags
+                + [os.path.join(REPO, src)] for src in CUDA_CPP_SOURCES}
+    for cu in sorted(glob.glob(os.path.join(REPO, "csrc/ops/cuda/*.cu"))):
+        out = os.path.join(work_dir, os.path.basename(cu) + ".o")
+        commands[os.path.relpath(cu, REPO)] = [nvcc, "-std=c++20", "-gencode", "arch=compute_90,code=sm_90",
+                                               "--expt-relaxed-constexpr", "--expt-extended-lambda", "-O1",
+                                               "-c", cu, "-o", out] + flags
+    return commands
+
+
+def compile_all(torch_include):
+    """{source: (returncode, output, seconds)} for every CUDA source."""
+    nvcc = nvcc_path()
+    with tempfile.TemporaryDirectory(prefix="shardtorch-torch211-") as work_dir:
+        commands = compile_commands(torch_include, work_dir, nvcc)
+
+        def run(item):
+            start = time.monotonic()
+            done = subprocess.run(item[1], capture_output=True, text=True)
+            return item[0], (done.returncode, done.stdout + done.stderr, time.monotonic() - start)
+
+        with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+            return dict(pool.map(run, commands.items()))
+
+
+def test_the_checked_sources_are_the_cuda_part():
+    cmake = open(os.path.join(REPO, "CMakeLists.txt")).read()
+    listed = re.search(r"set\(SHARDTORCH_CUDA_SOURCES(.*?)\)", cmake, re.S).group(1).split()
+    assert sorted(s for s in listed if s.endswith(".cpp")) == sorted(CUDA_CPP_SOURCES)
+    assert sorted(s for s in listed if s.endswith(".cu")) == sorted(
+        os.path.relpath(p, REPO) for p in glob.glob(os.path.join(REPO, "csrc/ops/cuda/*.cu")))
+
+
+@pytest.mark.skipif(nvcc_path() is None, reason="needs nvcc (CUDA toolkit)")
+def test_cuda_sources_compile_against_torch_2_11():
+    torch_include = torch_2_11_headers()
+    version = open(os.path.join(torch_include, "torch", "version.h")).read()
+    assert "TORCH_VERSION_MINOR 11" in version, "the unpacked headers are not torch 2.11's"
+    results = compile_all(torch_include)
+    failed = {src: out[-4000:] for src, (rc, out, _) in results.items() if rc != 0}
+    assert not failed, "\n".join(f"== {src}\n{out}" for src, out in failed.items())
+
+
+if __name__ == "__main__":
+    start = time.monotonic()
+    include = torch_2_11_headers()
+    print(f"headers ready in {time.monotonic() - start:.1f} s")
+    for source, (rc, output, seconds) in compile_all(include).items():
+        print(f"{source}: {'ok' if rc == 0 else 'FAILED'} in {seconds:.1f} s")
+        if rc:
+            print(output[-4000:])
+    print(f"total {time.monotonic() - start:.1f} s")
