@@ -17,9 +17,11 @@ if [ "${SHARDTORCH_SKIP_CPU_ONLY:-0}" != 1 ]; then
   SHARDTORCH_VENV=.venv-cpu SHARDTORCH_TORCH=torch==2.13.0 SHARDTORCH_EDITABLE=0 SHARDTORCH_EXTRAS=test SHARDTORCH_CUDA=0 \
     bash scripts/setup.sh
   # Run from a copy of the tests so that the installed package, not the source
-  # tree (built against the other torch), is imported.
+  # tree (built against the other torch), is imported; csrc/ beside it for the
+  # tests that read the C++ sources (no Python package there).
   smoke_dir=$(mktemp -d)
   cp -r tests "$smoke_dir/tests"
+  cp -r csrc "$smoke_dir/csrc"
   (cd "$smoke_dir" && "$REPO/.venv-cpu/bin/python" -m pytest -q -p no:cacheprovider \
      tests/unit tests/ops tests/distributed/test_parallel_linear.py -k "not compile and not formatted" ) || status=$?
   rm -rf "$smoke_dir"
