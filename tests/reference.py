@@ -62,6 +62,25 @@ def cross_entropy_reference(logits, target, weight=None, ignore_index=-100, redu
     return loss + z.sum() / denominator
 
 
+def probability_cross_entropy_reference(logits, probs, weight=None, reduction="mean",
+                                       label_smoothing=0.0, z_loss=0.0):
+    """F.cross_entropy of whole logits [*, C] with a class-probability target
+    [*, C] plus the documented z-loss term: z_loss * logsumexp^2 for every row
+    (no row is ignored), for 'mean' divided by the rows, as F.cross_entropy
+    divides the cross-entropy itself."""
+    import torch.nn.functional as F
+
+    moved, moved_probs = logits, probs
+    if logits.dim() > 2:
+        moved, moved_probs = logits.movedim(-1, 1), probs.movedim(-1, 1)
+    loss = F.cross_entropy(moved, moved_probs, weight=weight, reduction=reduction,
+                           label_smoothing=label_smoothing)
+    if z_loss == 0.0:
+        return loss
+    z = z_loss * torch.logsumexp(logits, -1) ** 2
+    return loss + {"none": z, "sum": z.sum(), "mean": z.mean()}[reduction]
+
+
 def expect_error(fn, *fragments, exception=Exception, match=None) -> str:
     """Calls ``fn`` and returns the message of the ``exception`` it must
     raise, which must contain every fragment and, when given, a match of the

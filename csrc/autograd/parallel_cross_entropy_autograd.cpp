@@ -145,6 +145,11 @@ at::Tensor parallel_cross_entropy_autograd(const at::Tensor& logits, const at::T
                                            double z_loss, int64_t reduction,
                                            const std::string& group,
                                            std::optional<int64_t> num_classes) {
+  // Decided before any collective, alike on every rank (the target's
+  // requires_grad is the caller's, the same everywhere).
+  TORCH_CHECK(!(at::GradMode::is_enabled() && target.requires_grad()),
+              "shard::parallel_cross_entropy: the gradient with respect to a probability target "
+              "is not supported; target requires grad (pass target.detach())");
   return ParallelCrossEntropyFunction::apply(logits, target, weight, ignore_index, label_smoothing,
                                              z_loss, reduction, group, num_classes);
 }

@@ -73,8 +73,9 @@ inline std::optional<at::Tensor> optional_tensor(const at::Tensor& t) {
 
 // torch::nn::functional::cross_entropy of logits sharded on their last dim:
 // `input` [*, local_classes] this rank's shard, `target` [*] global class
-// indices, the same on every rank. One all-gather of per-row statistics
-// forward, nothing backward; `input` is never modified.
+// indices, the same on every rank, or class probabilities [*, local_classes]
+// (sharded like the input) or [*, num_classes] (whole), floating. One all-gather of per-row
+// statistics forward, nothing backward; `input` is never modified.
 inline at::Tensor parallel_cross_entropy(const at::Tensor& input, const at::Tensor& target,
                                          const ParallelCrossEntropyFuncOptions& options = {}) {
   return ops::parallel_cross_entropy(input, target, detail::optional_tensor(options.weight()),

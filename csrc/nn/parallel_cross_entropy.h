@@ -37,7 +37,8 @@ class ParallelCrossEntropyLossImpl : public torch::nn::Cloneable<ParallelCrossEn
   void pretty_print(std::ostream& stream) const override;
 
   // input: [*, local_classes] this rank's logits; target: [*] int64 global
-  // class indices, the same on every rank.
+  // class indices, the same on every rank, or floating class probabilities
+  // [*, local_classes] or [*, num_classes] (see ops/parallel_cross_entropy.h).
   torch::Tensor forward(const torch::Tensor& input, const torch::Tensor& target);
 
   ParallelCrossEntropyLossOptions options;

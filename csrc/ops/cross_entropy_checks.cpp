@@ -4,25 +4,61 @@
 
 #include "ops/cross_entropy_statistics.h"
 #include "ops/op_checks.h"
+#include "ops/probability_target.h"
 
 namespace shardtorch {
 namespace ops {
 namespace {
 
-// target [*] int64 on the input's device, shaped like the input without its
-// last dim.
-void check_target(const at::Tensor& input, const at::Tensor& target, const char* op) {
+// The target's leading shape is the input's without its last dim.
+void check_leading_shape(const at::Tensor& input, const at::Tensor& target, const char* op) {
   const int64_t leading_dims = input.dim() - 1;
-  TORCH_CHECK(target.scalar_type() == at::kLong, op, ": target must be int64, got ",
-              target.scalar_type());
-  TORCH_CHECK(target.device() == input.device(), op, ": target must be on the input's device ",
-              input.device(), ", got ", target.device());
-  TORCH_CHECK(target.dim() == leading_dims, op, ": target must have the leading shape of the ",
-              "input without its last dim (", leading_dims, "-D), got shape ", target.sym_sizes());
   for (int64_t d = 0; d < leading_dims; ++d) {
     TORCH_CHECK(target.sym_size(d) == input.sym_size(d), op, ": target shape ", target.sym_sizes(),
                 " must match the input's leading shape ", input.sym_sizes());
   }
+}
+
+// target [*] int64 class indices on the input's device, shaped like the input
+// without its last dim. `probabilities_elsewhere`: the op takes a probability
+// target too (the message says which dtypes).
+void check_class_index_target(const at::Tensor& input, const at::Tensor& target, const char* op,
+                              bool probabilities_elsewhere) {
+  const int64_t leading_dims = input.dim() - 1;
+  if (probabilities_elsewhere) {
+    TORCH_CHECK(target.scalar_type() == at::kLong, op,
+                ": target must be int64 class indices [*] or floating class probabilities "
+                "[*, classes] (the logits' dtype or float32), got ",
+                target.scalar_type());
+  } else {
+    TORCH_CHECK(!at::isFloatingType(target.scalar_type()), op,
+                ": target must be int64 class indices: a probability (floating) target is "
+                "supported by shard::parallel_cross_entropy only, got ",
+                target.scalar_type());
+    TORCH_CHECK(target.scalar_type() == at::kLong, op, ": target must be int64, got ",
+                target.scalar_type());
+  }
+  TORCH_CHECK(target.device() == input.device(), op, ": target must be on the input's device ",
+              input.device(), ", got ", target.device());
+  TORCH_CHECK(target.dim() == leading_dims, op, ": target must have the leading shape of the ",
+              "input without its last dim (", leading_dims, "-D), got shape ", target.sym_sizes());
+  check_leading_shape(input, target, op);
+}
+
+// A probability target [*, T]: the input's dtype or float32, on its device,
+// the input's leading shape. T (this rank's classes or all of them) needs the
+// class layout: checked with the statistics.
+void check_probability_target(const at::Tensor& input, const at::Tensor& target, const char* op) {
+  TORCH_CHECK(target.scalar_type() == input.scalar_type() || target.scalar_type() == at::kFloat, op,
+              ": a probability target must have the logits' dtype (", input.scalar_type(),
+              ") or float32, got ", target.scalar_type());
+  TORCH_CHECK(target.device() == input.device(), op, ": target must be on the input's device ",
+              input.device(), ", got ", target.device());
+  TORCH_CHECK(target.dim() == input.dim(), op,
+              ": a probability target must be shaped like the logits, [*, local_classes] or "
+              "[*, num_classes] (",
+              input.dim(), "-D), got shape ", target.sym_sizes());
+  check_leading_shape(input, target, op);
 }
 
 // Class weights: 1-D floating, on the input's device (their size needs the
@@ -53,7 +89,11 @@ void check_parallel_cross_entropy_args(const at::Tensor& logits, const at::Tenso
   TORCH_CHECK(logits.dim() >= 1, op,
               ": logits must be [*, local_classes] (at least 1-D), got a scalar");
   check_floating(logits, "logits", op);
-  check_target(logits, target, op);
+  if (is_probability_target(target)) {
+    check_probability_target(logits, target, op);
+  } else {
+    check_class_index_target(logits, target, op, /*probabilities_elsewhere=*/true);
+  }
   check_class_weight(logits, weight, "weight", op);
 }
 
@@ -90,7 +130,7 @@ void check_parallel_linear_cross_entropy_args(const at::Tensor& input, const at:
                 bias->sym_sizes());
     check_same_dtype_device(weight, "weight", *bias, "bias", op);
   }
-  check_target(input, target, op);
+  check_class_index_target(input, target, op, /*probabilities_elsewhere=*/false);
   check_class_weight(input, class_weight, "class_weight", op);
 }
 
@@ -109,8 +149,10 @@ c10::SymInt leading_rows(const at::Tensor& t) {
 }
 
 std::vector<c10::SymInt> cross_entropy_loss_shape(const at::Tensor& target, int64_t reduction) {
-  if (reduction == 0) return target.sym_sizes().vec();
-  return {};
+  if (reduction != 0) return {};
+  std::vector<c10::SymInt> shape = target.sym_sizes().vec();
+  if (is_probability_target(target)) shape.pop_back();  // one loss per row of probabilities
+  return shape;
 }
 
 std::vector<c10::SymInt> saved_row_stats_shape(const c10::SymInt& rows) {

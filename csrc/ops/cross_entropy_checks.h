@@ -24,13 +24,16 @@ struct CrossEntropyOptions {
 
 void check_cross_entropy_options(const CrossEntropyOptions& options, const char* op);
 
-// parallel_cross_entropy(logits [*, local_classes], target [*], weight?).
+// parallel_cross_entropy(logits [*, local_classes], target, weight?): target
+// int64 class indices [*] or floating probabilities [*, local_classes] or
+// [*, num_classes] (probability_target.h).
 void check_parallel_cross_entropy_args(const at::Tensor& logits, const at::Tensor& target,
                                        const std::optional<at::Tensor>& weight,
                                        const CrossEntropyOptions& options, const char* op);
 
 // parallel_linear_cross_entropy(input [*, in_features], weight
-// [local_classes, in_features], bias?, target [*], class_weight?, chunk_size).
+// [local_classes, in_features], bias?, target [*], class_weight?, chunk_size):
+// class indices only (a probability target is refused by name).
 void check_parallel_linear_cross_entropy_args(const at::Tensor& input, const at::Tensor& weight,
                                               const std::optional<at::Tensor>& bias,
                                               const at::Tensor& target,
@@ -44,7 +47,8 @@ void check_saved_row_stats(const at::Tensor& row_stats, int64_t rows, const char
 
 // Product of all dims but the last: the rows of [*, features] data.
 c10::SymInt leading_rows(const at::Tensor& t);
-// Shape of the loss: target's for reduction none, a scalar otherwise.
+// Shape of the loss: for reduction none, a class-index target's shape (a
+// probability target's without its last dim); a scalar otherwise.
 std::vector<c10::SymInt> cross_entropy_loss_shape(const at::Tensor& target, int64_t reduction);
 // Shape of the saved row_stats for `rows` rows.
 std::vector<c10::SymInt> saved_row_stats_shape(const c10::SymInt& rows);

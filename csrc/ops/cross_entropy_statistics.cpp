@@ -7,6 +7,7 @@
 #include "comm/debug_communicator.h"
 #include "comm/registry.h"
 #include "comm/sharded_collectives.h"
+#include "ops/probability_target.h"
 #include <shardtorch/topology/topology.h>
 
 namespace shardtorch {
@@ -29,6 +30,8 @@ const char* describe(int64_t code) {
       return "its class weight has neither its shard's nor all classes' size";
     case LocalCheck::kSampledClasses:
       return "its sampled_classes are not strictly increasing local classes holding its targets";
+    case LocalCheck::kTargetSize:
+      return "its probability target has neither its shard's nor all classes' size";
     default: return "a target value out of range (its targets differ from this rank's)";
   }
 }
@@ -99,6 +102,31 @@ at::Tensor local_class_weight(const std::optional<at::Tensor>& weight, const Cla
   return w.to(acc).contiguous();
 }
 
+// This rank's columns of a probability target [rows, T] (see
+// prepare_cross_entropy_forward): itself when T == local, the columns at its
+// offset when T == num_classes (the same columns when local == num_classes).
+at::Tensor local_probability_target(const at::Tensor& target_rows, const ClassLayout& layout,
+                                    const char* op, LocalCheck& check) {
+  const int64_t given = target_rows.size(1);
+  if (given == layout.local) return target_rows;
+  if (given == layout.num_classes) return target_rows.narrow(1, layout.offset, layout.local);
+  check.fail(LocalCheck::kTargetSize,
+             c10::str(op, ": a probability target's last dim must be this rank's ", layout.local,
+                      " classes (sharded like the logits) or all num_classes=", layout.num_classes,
+                      ", got ", given));
+  return at::Tensor();
+}
+
+// Rows [rows] that count in the loss: targets that are not ignore_index;
+// every row of a probability target (torch applies no ignore_index to them).
+at::Tensor counted_rows(const CrossEntropyForwardSetup& setup, int64_t rows,
+                        const CrossEntropyOptions& options, const c10::Device& device) {
+  if (setup.probability_target) {
+    return at::ones({rows}, at::TensorOptions().dtype(at::kBool).device(device));
+  }
+  return setup.target_flat.ne(options.ignore_index);
+}
+
 // Local column of each row's target, -1 where the row is ignored or the
 // target lives on another rank. `offset` is a 0-d tensor, so that backward
 // need not read it on the host.
@@ -140,9 +168,11 @@ std::string check_verdict(const std::vector<double>& gathered, int64_t own_rank,
 //   grad_scale   = g ((1-e) w_t + e/C sum(w) + 2 z lse)
 //   target_scale = g (1-e) w_t
 //   smooth_scale = g e / C
+// For a probability target w_t is the saved A = sum_c w_c p_c, and
+// target_scale is g (1-e), the factor of w_j p_j (subtract_probability_gradient).
 at::Tensor gradient_coefficients(const at::Tensor& grad_loss, const at::Tensor& saved,
-                                 const CrossEntropyOptions& options, at::ScalarType acc,
-                                 const char* op) {
+                                 const CrossEntropyOptions& options, bool probability_target,
+                                 at::ScalarType acc, const char* op) {
   const int64_t rows = saved.size(0) - 1;
   const at::Tensor per_row = saved.narrow(0, 0, rows);
   const at::Tensor trailer = saved.select(0, rows);
@@ -173,7 +203,8 @@ at::Tensor gradient_coefficients(const at::Tensor& grad_loss, const at::Tensor& 
   coefs.select(1, kCoefLse).copy_(lse_rounded);
   coefs.select(1, kCoefLseRemainder).copy_(lse - lse_rounded);
   coefs.select(1, kCoefGradScale).copy_(g * scale);
-  coefs.select(1, kCoefTargetScale).copy_(g * (1.0 - eps) * target_weight);
+  coefs.select(1, kCoefTargetScale)
+      .copy_(probability_target ? g * (1.0 - eps) : g * (1.0 - eps) * target_weight);
   coefs.select(1, kCoefSmoothScale).copy_(g * eps * inv_classes);
   return coefs.to(acc).contiguous();
 }
@@ -211,6 +242,17 @@ CrossEntropyForwardSetup prepare_cross_entropy_forward(
   setup.acc = cross_entropy_accumulate_type(input_type);
   setup.layout = resolve_class_layout(*setup.communicator, local_classes, num_classes, device, op,
                                       setup.check);
+  setup.weight_local = local_class_weight(class_weight, setup.layout, setup.acc, op, setup.check);
+  if (is_probability_target(target)) {
+    // Its rows may differ between ranks (a shard each): nothing to compare,
+    // no value to check (torch checks none either).
+    const int64_t rows = probability_target_rows(target);
+    setup.probability_target = true;
+    setup.target_probs = local_probability_target(target.reshape({rows, target.size(-1)}),
+                                                  setup.layout, op, setup.check);
+    setup.target_local = at::full({rows}, -1, target.options().dtype(at::kLong));
+    return setup;
+  }
   setup.target_flat = target.reshape({target.numel()});
   // Every rank should hold the same targets; SHARDTORCH_DEBUG verifies it.
   if (comm::debug_mode_enabled()) {
@@ -222,7 +264,6 @@ CrossEntropyForwardSetup prepare_cross_entropy_forward(
     setup.check.target_out_of_range = bad.any();
     setup.check.first_bad_target = first_bad_target(setup.target_flat, bad);
   }
-  setup.weight_local = local_class_weight(class_weight, setup.layout, setup.acc, op, setup.check);
   setup.target_local =
       local_targets(setup.target_flat, options.ignore_index,
                     at::scalar_tensor(setup.layout.offset, target.options()), local_classes);
@@ -298,8 +339,12 @@ at::Tensor combine_over_group(const CrossEntropyForwardSetup& setup, const at::T
   // The classes in the loss: every rank's count, summed. That is num_classes
   // (the shards were checked above) unless a margin loss sampled classes.
   const at::Tensor C = gathered.select(1, rows).select(1, kGatheredLocalClasses).sum();
-  const at::Tensor valid = setup.target_flat.ne(options.ignore_index);
-  at::Tensor row_loss = (1.0 - eps) * target_weight * (lse - target_logit);
+  const at::Tensor valid = counted_rows(setup, rows, options, stats.device());
+  // Class indices: w_t (lse - x_t); probabilities: A lse - B with the target
+  // columns holding A = sum w p and B = sum w p x (probability_target.h).
+  at::Tensor row_loss = setup.probability_target
+                            ? (1.0 - eps) * (target_weight * lse - target_logit)
+                            : (1.0 - eps) * target_weight * (lse - target_logit);
   // Only with smoothing: masked (-inf) logits make the weighted sum -inf, and
   // 0 * -inf would turn torch's finite loss into NaN.
   if (eps != 0.0) row_loss = row_loss + eps * C.reciprocal() * (weight_sum * lse - weighted_sum);
@@ -318,14 +363,20 @@ at::Tensor combine_over_group(const CrossEntropyForwardSetup& setup, const at::T
   saved_trailer.select(0, kTrailerWeightSum).copy_(weight_sum);
   // torch's mean: divided by the summed weight of the targets that count
   // (their number without class weights); 0 / 0 = NaN when all are ignored.
-  saved_trailer.select(0, kTrailerDenominator).copy_(at::where(valid, target_weight, 0.0).sum());
+  // For probabilities torch divides by the rows, whatever the weights.
+  if (setup.probability_target) {
+    saved_trailer.select(0, kTrailerDenominator).fill_(static_cast<double>(rows));
+  } else {
+    saved_trailer.select(0, kTrailerDenominator).copy_(at::where(valid, target_weight, 0.0).sum());
+  }
   return saved;
 }
 
 CrossEntropyForwardSetup rows_of_setup(const CrossEntropyForwardSetup& setup, int64_t begin,
                                        int64_t count) {
   CrossEntropyForwardSetup block = setup;
-  block.target_flat = setup.target_flat.narrow(0, begin, count);
+  if (setup.target_flat.defined()) block.target_flat = setup.target_flat.narrow(0, begin, count);
+  if (setup.target_probs.defined()) block.target_probs = setup.target_probs.narrow(0, begin, count);
   block.target_local = setup.target_local.narrow(0, begin, count);
   return block;
 }
@@ -358,7 +409,12 @@ at::Tensor reduce_loss(const at::Tensor& saved, const at::Tensor& target,
   const at::Tensor row_loss = saved.narrow(0, 0, rows).select(1, kSavedRowLoss);
   at::Tensor loss;
   switch (options.reduction) {
-    case 0: loss = row_loss.reshape(target.sizes()); break;
+    case 0: {
+      std::vector<int64_t> shape = target.sizes().vec();
+      if (is_probability_target(target)) shape.pop_back();  // one loss per row
+      loss = row_loss.reshape(shape);
+      break;
+    }
     case 2: loss = row_loss.sum(); break;
     default: loss = row_loss.sum() / saved.select(0, rows).select(0, kTrailerDenominator); break;
   }
@@ -372,13 +428,23 @@ CrossEntropyBackwardSetup prepare_cross_entropy_backward(
     int64_t local_classes, at::ScalarType acc, const char* op) {
   check_cross_entropy_options(options, op);
   const int64_t rows = row_stats.size(0) - 1;
-  TORCH_CHECK(target.numel() == rows, op, ": target must have ", rows, " elements, got shape ",
+  const bool probabilities = is_probability_target(target);
+  TORCH_CHECK(probabilities ? target.dim() >= 1 && probability_target_rows(target) == rows
+                            : target.numel() == rows,
+              op, ": target must have ", rows,
+              probabilities ? " rows of probabilities" : " elements", ", got shape ",
               target.sizes());
   const at::Tensor offset = saved_offset(row_stats);
   CrossEntropyBackwardSetup setup;
-  setup.coefs = gradient_coefficients(grad_loss, row_stats, options, acc, op);
-  setup.target_local =
-      local_targets(target.reshape({rows}), options.ignore_index, offset, local_classes);
+  setup.coefs = gradient_coefficients(grad_loss, row_stats, options, probabilities, acc, op);
+  if (probabilities) {
+    setup.target_local = at::full({rows}, -1, target.options().dtype(at::kLong));
+    setup.target_probs =
+        local_probability_columns(target.reshape({rows, target.size(-1)}), offset, local_classes);
+  } else {
+    setup.target_local =
+        local_targets(target.reshape({rows}), options.ignore_index, offset, local_classes);
+  }
   setup.weight_local = backward_class_weight(class_weight, offset, local_classes, acc);
   return setup;
 }

@@ -20,11 +20,14 @@ namespace shardtorch {
 namespace ops {
 
 // The row_stats a forward saves for its backward: float64 [rows + 1,
-// kNumSavedStats], one row per input row and a trailer.
+// kNumSavedStats], one row per input row and a trailer. A probability target
+// (probability_target.h) keeps the same columns: its row's target weight is
+// A_i = sum_c w_c p_ic, every row counts, and mean divides by the rows.
 enum SavedStat : int64_t {
   kSavedLse = 0,           // log-sum-exp over all classes
-  kSavedTargetWeight = 1,  // w[target] (1 without class weights, 0 when ignored)
-  kSavedValid = 2,         // 1 unless the target is ignore_index
+  kSavedTargetWeight = 1,  // w[target] (1 without class weights, 0 when ignored);
+                           // probabilities: sum_c w_c p_c
+  kSavedValid = 2,         // 1 unless the target is ignore_index (probabilities: 1)
   kSavedRowLoss = 3,       // the row's unreduced loss
   kNumSavedStats = 4,
 };
@@ -33,7 +36,7 @@ enum SavedTrailer : int64_t {
   kTrailerClasses = 0,      // num_classes
   kTrailerOffset = 1,       // this rank's first class
   kTrailerWeightSum = 2,    // sum of the class weights over all classes
-  kTrailerDenominator = 3,  // reduction mean's divisor
+  kTrailerDenominator = 3,  // reduction mean's divisor (probabilities: the rows, as torch)
 };
 
 // Which classes this rank holds.
@@ -55,6 +58,7 @@ struct LocalCheck {
     kWeightSize = 2,
     kTarget = 3,
     kSampledClasses = 4,  // the margin loss's sampled_classes
+    kTargetSize = 5,      // a probability target's class count
   };
   int64_t code = kOk;
   std::string message;
@@ -72,15 +76,24 @@ struct CrossEntropyForwardSetup {
   ClassLayout layout;
   LocalCheck check;
   at::ScalarType acc = at::kFloat;
-  at::Tensor target_flat;   // [rows]
-  at::Tensor target_local;  // [rows]: the target's local column, or -1
+  at::Tensor target_flat;   // [rows] class indices (a probability target: undefined)
+  at::Tensor target_local;  // [rows]: the target's local column, or -1 (always with probabilities)
   at::Tensor weight_local;  // [local] in the stats dtype, or undefined
+  // A probability target: this rank's columns [rows, local] (a view of the
+  // caller's target in its dtype; undefined when its size check failed), to be
+  // folded in by accumulate_probability_stats after the kernels' pass.
+  bool probability_target = false;
+  at::Tensor target_probs;
 };
 
 // Resolves the class layout (from num_classes, or one tiny all-gather of
 // shard sizes without it), checks what only this rank can fail (carried to
 // the gather), and localises targets and class weights. Arguments must have
-// passed the op's cross_entropy_checks.h check.
+// passed the op's cross_entropy_checks.h check. A probability target [*, T]
+// is this rank's shard when T == local_classes and the whole distribution,
+// sliced here, when T == num_classes; when the two are equal (one rank, or a
+// rank holding every class) both readings are the same columns. Any other T
+// fails this rank's check (kTargetSize), so every rank raises.
 CrossEntropyForwardSetup prepare_cross_entropy_forward(
     const std::string& group, const c10::Device& device, at::ScalarType input_type,
     int64_t local_classes, std::optional<int64_t> num_classes, const at::Tensor& target,
@@ -122,6 +135,10 @@ struct CrossEntropyBackwardSetup {
   at::Tensor coefs;         // [rows, kNumGradCoefs] in the stats dtype
   at::Tensor target_local;  // [rows]
   at::Tensor weight_local;  // [local] in the stats dtype, or undefined
+  // A probability target: this rank's columns [rows, local]; the gradient's
+  // probability term is then subtract_probability_gradient with the
+  // coefficients' kCoefTargetScale column (g (1 - e)).
+  at::Tensor target_probs;
 };
 
 CrossEntropyBackwardSetup prepare_cross_entropy_backward(

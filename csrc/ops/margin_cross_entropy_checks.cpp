@@ -23,6 +23,12 @@ void check_parallel_linear_margin_cross_entropy_args(
     const MarginOptions& margin, const CrossEntropyOptions& options,
     const std::optional<at::Tensor>& sampled_classes, int64_t chunk_size, const char* op) {
   check_margin_options(margin, op);
+  // The margin moves the one target class's logit: a distribution over
+  // classes has no such class.
+  TORCH_CHECK(!at::isFloatingType(target.scalar_type()), op,
+              ": target must be int64 class indices: the margin loss is not defined for a "
+              "probability (floating) target, got ",
+              target.scalar_type());
   check_parallel_linear_cross_entropy_args(input, weight, std::nullopt, target, std::nullopt,
                                            options, chunk_size, op);
   // The fused cross-entropy's mixed rule (a float32 input with a float16 /

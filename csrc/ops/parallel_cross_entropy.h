@@ -15,9 +15,22 @@
 //                 raises on every rank: the check's result travels in the
 //                 gathered statistics (on CUDA, the one host read of the
 //                 forward).
+//                 Or class probabilities, as F.cross_entropy takes them: a
+//                 floating tensor (the logits' dtype or float32) shaped like
+//                 the logits, [*, local_classes] sharded like them, or
+//                 [*, num_classes] whole (the op takes this rank's columns);
+//                 the last dim tells which, and where the two sizes are equal
+//                 (one rank) they are the same columns. Any other size raises
+//                 on every rank. ignore_index does not apply; label smoothing
+//                 and weights combine as torch's: loss_i = -sum_c w_c p'_ic
+//                 log_softmax_ic, p' = (1-e) p + e/C; mean divides by the
+//                 rows (not by the weights). No gradient flows to the target
+//                 (a target that requires grad raises). See
+//                 probability_target.h.
 //   weight        class weights: this rank's shard [local_classes] or all of
 //                 them [num_classes].
-//   reduction     at::Reduction: 0 none (loss shaped like target), 1 mean
+//   reduction     at::Reduction: 0 none (loss shaped like the logits
+//                 without their last dim), 1 mean
 //                 (weighted as torch: sum / sum of target weights over rows
 //                 that are not ignored; NaN when all rows are ignored), 2 sum.
 //   label_smoothing  torch's formula over all classes, weights included:
@@ -32,7 +45,8 @@
 // carried in the gathered statistics, so every rank raises, none hangs.
 //
 // Communication: forward, one all-gather of packed per-row statistics
-// [max, sum-exp, target logit, weighted logit sum, target weight] (plus one
+// [max, sum-exp, target logit, weighted logit sum, target weight] (for
+// probabilities the target columns hold sum w p x and sum w p) (plus one
 // tiny all-gather of shard sizes when num_classes is not given); backward,
 // none. Accumulation is float32 (float64 for float64 logits).
 //

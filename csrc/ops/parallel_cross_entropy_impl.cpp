@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "ops/cross_entropy_statistics.h"
+#include "ops/probability_target.h"
 
 namespace shardtorch {
 namespace ops {
@@ -29,6 +30,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> parallel_cross_entropy_forward_im
   at::Tensor stats = fresh_row_stats(rows, setup, logits.device());
   if (setup.check.code == LocalCheck::kOk) {
     kernels.accumulate_row_stats(x, 0, setup.target_local, setup.weight_local, stats, buffer);
+    if (setup.probability_target) {
+      accumulate_probability_stats(x, setup.target_probs, 0, setup.weight_local, stats);
+    }
   }
   at::Tensor saved = combine_over_group(setup, stats, options, kCrossEntropyForward);
   at::Tensor loss = reduce_loss(saved, target, options, logits.scalar_type());
@@ -52,6 +56,10 @@ void parallel_cross_entropy_backward_impl(const at::Tensor& grad_loss,
       cross_entropy_accumulate_type(logits_buffer.scalar_type()), kCrossEntropyBackward);
   kernels.softmax_grad_inplace(logits_buffer, 0, setup.target_local, setup.weight_local,
                                setup.coefs);
+  if (setup.target_probs.defined()) {
+    subtract_probability_gradient(logits_buffer, setup.target_probs, 0, setup.weight_local,
+                                  setup.coefs.select(1, kCoefTargetScale));
+  }
 }
 
 }  // namespace ops

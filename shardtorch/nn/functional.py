@@ -84,12 +84,20 @@ class ParallelCrossEntropy:
 
 def _plain_cross_entropy(input, target, weight, ignore_index, reduction, label_smoothing, z_loss):
     """F.cross_entropy on whole logits, plus the same z-loss term as the op."""
-    loss = F.cross_entropy(input.movedim(-1, 1) if input.dim() > 2 else input, target, weight=weight,
-                           ignore_index=ignore_index, reduction=reduction,
-                           label_smoothing=label_smoothing)
+    moved_input, moved_target = input, target
+    if input.dim() > 2:  # torch wants classes in dim 1 (a probability target's too)
+        moved_input = input.movedim(-1, 1)
+        moved_target = target.movedim(-1, 1) if target.is_floating_point() else target
+    loss = F.cross_entropy(moved_input, moved_target, weight=weight, ignore_index=ignore_index,
+                           reduction=reduction, label_smoothing=label_smoothing)
     if z_loss == 0.0:
         return loss
     lse = torch.logsumexp(input.float() if input.dtype in (torch.float16, torch.bfloat16) else input, -1)
+    if target.is_floating_point():  # probabilities: every row counts, mean divides by the rows
+        z = z_loss * lse * lse
+        if reduction == "none":
+            return loss + z.to(loss.dtype)
+        return loss + (z.sum() if reduction == "sum" else z.mean()).to(loss.dtype)
     valid = target != ignore_index
     z = torch.where(valid, z_loss * lse * lse, torch.zeros_like(lse))
     if reduction == "none":
@@ -115,12 +123,22 @@ def parallel_cross_entropy(input: torch.Tensor, target: torch.Tensor,
     Args:
         input: [*, classes] logits; in parallel mode this rank's shard
             [*, local_classes] (the first num_classes % size ranks hold one more).
-        target: [*] int64 global class indices, the same on every rank.
+        target: [*] int64 global class indices, the same on every rank; or class
+            probabilities as F.cross_entropy takes them (mixup, distillation): a
+            floating tensor in the logits' dtype or float32, either sharded like
+            the logits [*, local_classes] or whole [*, num_classes] (the loss
+            takes this rank's columns; the last dim tells which, and where the
+            two are equal, on one rank, they are the same). For probabilities
+            ignore_index does not apply, smoothing and weights combine as in
+            torch (``-sum_c w_c ((1 - e) p_c + e / C) log_softmax_c``), 'mean'
+            divides by the number of rows, and the target gets no gradient (one
+            that requires grad raises: pass ``target.detach()``).
         weight: class weights, this rank's shard [local_classes] or all [num_classes].
         ignore_index, reduction, label_smoothing: as F.cross_entropy.
         z_loss: adds ``z_loss * logsumexp(logits)**2`` to every row that is not
             ignored (unweighted); 'mean' divides it by the cross-entropy's own
-            denominator (the summed target weights, or the count of rows).
+            denominator (the summed target weights, or the count of rows; with
+            probabilities the count of rows).
         parallel: None (default): parallel when ``input`` is marked as a
             column-parallel output (``parallel_dim`` -1 or 1), plain
             F.cross_entropy otherwise, a row-parallel (0) or unmarked input
@@ -164,7 +182,8 @@ def parallel_linear_cross_entropy(input: torch.Tensor, weight: torch.Tensor,
     """parallel_cross_entropy(input @ weight.T + bias, target, ...) for a
     column-parallel classifier (``weight`` [local_classes, in_features]), without
     materialising the logits: the extra memory is at most max(rows x chunk_size,
-    2**22) elements for any number of classes (``chunk_size`` default 4096). When
+    2**22) elements for any number of classes (``chunk_size`` default 4096). The
+    target is int64 class indices (probabilities: parallel_cross_entropy only, for now). When
     autograd needs a gradient of a mean or sum loss of a float32/float64
     classifier, the gradients are computed in forward (three matrix products per
     row where a block of rows fits, else the logits twice) and backward only
@@ -197,6 +216,9 @@ def parallel_margin_cross_entropy(input: torch.Tensor, weight: torch.Tensor, tar
     elsewhere). The other classes' logits are ``scale * cos``. The loss is
     F.cross_entropy of those logits with ``ignore_index``, ``reduction`` and
     ``label_smoothing``. Ranges: scale > 0, m1 >= 1, 0 <= m2 < pi, 0 <= m3 <= 1.
+
+    ``target``: int64 class indices; the margin is not defined for class
+    probabilities (a floating target raises).
 
     ``sampled_classes``: None, or this rank's kept local classes (sorted int64,
     every local target among them; ParallelMarginLoss draws them): the loss is

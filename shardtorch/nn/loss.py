@@ -22,6 +22,9 @@ class ParallelCrossEntropyLoss(nn.Module):
     ``parallel=True`` and no ``num_classes`` pays one more (a shard-size
     exchange). See shardtorch.nn.functional.parallel_cross_entropy for the
     arguments (``z_loss`` adds z_loss * logsumexp^2 per row that is not ignored).
+    The target may be class indices or, as for torch.nn.CrossEntropyLoss, class
+    probabilities, sharded like the logits [*, local_classes] or whole
+    [*, num_classes].
     """
 
     def __init__(self, weight: Optional[torch.Tensor] = None, ignore_index: int = -100,

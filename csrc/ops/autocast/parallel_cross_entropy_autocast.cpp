@@ -26,8 +26,10 @@ at::Tensor cross_entropy_autocast(const at::Tensor& logits, const at::Tensor& ta
                                   double label_smoothing, double z_loss, int64_t reduction,
                                   const std::string& group, std::optional<int64_t> num_classes) {
   c10::impl::ExcludeDispatchKeyGuard no_autocast(AutocastKey);
-  return parallel_cross_entropy(to_float32(logits), target, to_float32(weight), ignore_index,
-                                label_smoothing, z_loss, reduction, group, num_classes);
+  // A probability target follows the logits to float32 (class indices pass).
+  return parallel_cross_entropy(to_float32(logits), to_float32(target), to_float32(weight),
+                                ignore_index, label_smoothing, z_loss, reduction, group,
+                                num_classes);
 }
 
 template <c10::DispatchKey AutocastKey>

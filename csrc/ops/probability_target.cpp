@@ -1,0 +1,100 @@
+#include "ops/probability_target.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
+#include "ops/cross_entropy_kernels.h"
+
+namespace shardtorch {
+namespace ops {
+namespace {
+
+// The passes go over blocks of rows, so that their temporaries (the target
+// and the logits in the stats dtype, their products) stay a few MiB whatever
+// the batch; a block is large enough for the per-operation overhead not to
+// show on CPU, and on a GPU a row of a million classes is still one block.
+constexpr int64_t kProbabilityBlockElements = int64_t(1) << 20;
+
+int64_t probability_block_rows(int64_t cols) {
+  return std::max<int64_t>(1, kProbabilityBlockElements / std::max<int64_t>(cols, 1));
+}
+
+at::Tensor as_stats_dtype(const at::Tensor& t, at::ScalarType acc) {
+  return t.scalar_type() == acc ? t : t.to(acc);
+}
+
+// w_j p_ij of one block in the stats dtype, a fresh tensor (the caller's
+// target is never written).
+at::Tensor weighted_probabilities(const at::Tensor& probs, const at::Tensor& w_cols,
+                                  at::ScalarType acc) {
+  at::Tensor wp = probs.to(acc, /*non_blocking=*/false, /*copy=*/true);
+  if (w_cols.defined()) wp.mul_(w_cols.unsqueeze(0));
+  return wp;
+}
+
+}  // namespace
+
+bool is_probability_target(const at::Tensor& target) {
+  return at::isFloatingType(target.scalar_type());
+}
+
+int64_t probability_target_rows(const at::Tensor& target) {
+  int64_t rows = 1;
+  for (int64_t d = 0; d + 1 < target.dim(); ++d) rows *= target.size(d);
+  return rows;
+}
+
+void accumulate_probability_stats(const at::Tensor& logits, const at::Tensor& probs,
+                                  int64_t col_begin, const at::Tensor& weight_local,
+                                  const at::Tensor& stats) {
+  const int64_t rows = logits.size(0), cols = logits.size(1);
+  if (rows == 0 || cols == 0) return;
+  const at::ScalarType acc = stats.scalar_type();
+  const at::Tensor w_cols =
+      weight_local.defined() ? weight_local.narrow(0, col_begin, cols) : at::Tensor();
+  const int64_t step = probability_block_rows(cols);
+  for (int64_t row0 = 0; row0 < rows; row0 += step) {
+    const int64_t n = std::min(step, rows - row0);
+    const at::Tensor wp = weighted_probabilities(probs.narrow(0, row0, n), w_cols, acc);
+    at::Tensor s = stats.narrow(0, row0, n);
+    s.select(1, kRowTargetWeight).add_(wp.sum(1));
+    // sum_c w_c p_c z_c: a row dot product, so a masked (-inf) logit under a
+    // zero probability is NaN here exactly as in torch's -(p * log_softmax).
+    s.select(1, kRowTargetLogit)
+        .add_(wp.mul_(as_stats_dtype(logits.narrow(0, row0, n), acc)).sum(1));
+  }
+}
+
+void subtract_probability_gradient(const at::Tensor& values, const at::Tensor& probs,
+                                   int64_t col_begin, const at::Tensor& weight_local,
+                                   const at::Tensor& scale) {
+  const int64_t rows = values.size(0), cols = values.size(1);
+  if (rows == 0 || cols == 0) return;
+  const at::ScalarType acc = scale.scalar_type();
+  const at::Tensor w_cols =
+      weight_local.defined() ? weight_local.narrow(0, col_begin, cols) : at::Tensor();
+  const int64_t step = probability_block_rows(cols);
+  for (int64_t row0 = 0; row0 < rows; row0 += step) {
+    const int64_t n = std::min(step, rows - row0);
+    at::Tensor term = weighted_probabilities(probs.narrow(0, row0, n), w_cols, acc);
+    term.mul_(scale.narrow(0, row0, n).unsqueeze(1));
+    at::Tensor v = values.narrow(0, row0, n);
+    if (v.scalar_type() == acc) {
+      v.sub_(term);
+    } else {
+      // Reduced-precision logits: subtracted in the stats dtype, rounded once more.
+      v.copy_(v.to(acc).sub_(term));
+    }
+  }
+}
+
+at::Tensor local_probability_columns(const at::Tensor& target_rows, const at::Tensor& offset,
+                                     int64_t local) {
+  if (target_rows.size(1) == local) return target_rows;
+  const at::Tensor columns = at::arange(local, offset.options()) + offset;
+  return target_rows.index_select(1, columns);
+}
+
+}  // namespace ops
+}  // namespace shardtorch
