@@ -211,7 +211,8 @@ def test_errors_name_op_argument_and_value():
     bad[2] = 7
     with pytest.raises(RuntimeError, match=r"parallel_cross_entropy: target values must be in \[0, num_classes=7\).*got 7"):
         OPS.parallel_cross_entropy(logits, bad)
-    with pytest.raises(RuntimeError, match=r"target must be int64 class indices \[\*\] or floating class probabilities .*got Int"):
+    with pytest.raises(RuntimeError,
+                       match=r"target must be int64 class indices \[\*\] or floating class probabilities .*got Int"):
         OPS.parallel_cross_entropy(logits, target.int())
     with pytest.raises(RuntimeError, match="reduction must be 0 \\(none\\), 1 \\(mean\\) or 2 \\(sum\\), got 5"):
         OPS.parallel_cross_entropy(logits, target, reduction=5)
