@@ -45,12 +45,13 @@ int64_t probability_target_rows(const at::Tensor& target) {
   return rows;
 }
 
-void accumulate_probability_stats(const at::Tensor& logits, const at::Tensor& probs,
-                                  int64_t col_begin, const at::Tensor& weight_local,
+void accumulate_probability_stats(const at::Tensor& logits, int64_t col_begin,
+                                  const at::Tensor& probs_local, const at::Tensor& weight_local,
                                   const at::Tensor& stats) {
   const int64_t rows = logits.size(0), cols = logits.size(1);
   if (rows == 0 || cols == 0) return;
   const at::ScalarType acc = stats.scalar_type();
+  const at::Tensor probs = probs_local.narrow(1, col_begin, cols);
   const at::Tensor w_cols =
       weight_local.defined() ? weight_local.narrow(0, col_begin, cols) : at::Tensor();
   const int64_t step = probability_block_rows(cols);
@@ -66,12 +67,13 @@ void accumulate_probability_stats(const at::Tensor& logits, const at::Tensor& pr
   }
 }
 
-void subtract_probability_gradient(const at::Tensor& values, const at::Tensor& probs,
-                                   int64_t col_begin, const at::Tensor& weight_local,
+void subtract_probability_gradient(const at::Tensor& values, int64_t col_begin,
+                                   const at::Tensor& probs_local, const at::Tensor& weight_local,
                                    const at::Tensor& scale) {
   const int64_t rows = values.size(0), cols = values.size(1);
   if (rows == 0 || cols == 0) return;
   const at::ScalarType acc = scale.scalar_type();
+  const at::Tensor probs = probs_local.narrow(1, col_begin, cols);
   const at::Tensor w_cols =
       weight_local.defined() ? weight_local.narrow(0, col_begin, cols) : at::Tensor();
   const int64_t step = probability_block_rows(cols);

@@ -30,23 +30,31 @@ bool is_probability_target(const at::Tensor& target);
 // (T may be 0 on a rank that holds no class).
 int64_t probability_target_rows(const at::Tensor& target);
 
-// Adds the parts of A_i and B_i (above) of columns [col_begin, col_begin + c)
-// of this rank's shard to stats [rows, kNumRowStats] (the stats dtype):
-// A_i to kRowTargetWeight, B_i to kRowTargetLogit.
-//   logits [rows, c], probs [rows, c] (this rank's columns of the target, any
-//   floating dtype), weight_local [local_classes] in the stats dtype or
-//   undefined (all 1).
-void accumulate_probability_stats(const at::Tensor& logits, const at::Tensor& probs,
-                                  int64_t col_begin, const at::Tensor& weight_local,
+// The two passes take their arguments as CrossEntropyKernels' do, so that a
+// head that goes over its classes in chunks (and its rows in blocks, with
+// rows_of_setup) calls each right after the kernels' pass on the same chunk:
+//   logits / values [rows, c]: columns [col_begin, col_begin + c) of this
+//     rank's shard;
+//   probs [rows, local_classes]: this rank's columns of the target, any
+//     floating dtype (CrossEntropyForwardSetup / CrossEntropyBackwardSetup
+//     ::target_probs); weight_local [local_classes] in the stats dtype or
+//     undefined (all 1): both narrowed to the chunk here.
+
+// Adds the chunk's parts of A_i and B_i (above) to stats [rows,
+// kNumRowStats] (the stats dtype): A_i to kRowTargetWeight, B_i to
+// kRowTargetLogit. combine_over_group then sums them over the ranks.
+void accumulate_probability_stats(const at::Tensor& logits, int64_t col_begin,
+                                  const at::Tensor& probs, const at::Tensor& weight_local,
                                   const at::Tensor& stats);
 
-// values [rows, c] -= scale_i w_j p_ij in place, over columns
-// [col_begin, col_begin + c) of this rank's shard: the probability term of the
+// values [rows, c] -= scale_i w_j p_ij in place: the probability term of the
 // logit gradient, after CrossEntropyKernels::softmax_grad_inplace has written
-// the softmax and smoothing terms. scale [rows] in the stats dtype: g_i (1 - e)
-// (the kCoefTargetScale of a probability target's coefficients).
-void subtract_probability_gradient(const at::Tensor& values, const at::Tensor& probs,
-                                   int64_t col_begin, const at::Tensor& weight_local,
+// the softmax and smoothing terms of the same chunk (given a probability
+// target's coefficients and a target_local of -1, it writes nothing else).
+// scale [rows] in the stats dtype: g_i (1 - e), the kCoefTargetScale column of
+// a probability target's coefficients.
+void subtract_probability_gradient(const at::Tensor& values, int64_t col_begin,
+                                   const at::Tensor& probs, const at::Tensor& weight_local,
                                    const at::Tensor& scale);
 
 // This rank's columns [rows, local] of a probability target [rows, T] in

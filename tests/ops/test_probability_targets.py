@@ -100,6 +100,17 @@ def test_reduced_precision_against_float64(logits_dtype, target_dtype):
     torch.testing.assert_close(grad.double(), ref_grad, rtol=tol, atol=tol / 100)
 
 
+def test_batches_larger_than_one_block_of_rows():
+    """The probability passes go over blocks of about 2**20 elements: 70 rows of
+    16000 classes are two blocks, the second one short."""
+    logits, probs, weight = _inputs(rows=70, classes=16000, seed=6)
+    upstream = torch.randn(70, dtype=torch.float64)
+    loss, grad = _loss_and_grad(logits, probs, weight, "none", 0.1, 1e-3, upstream)
+    ref, ref_grad = _reference(logits, probs, weight, "none", 0.1, 1e-3, upstream)
+    torch.testing.assert_close(loss, ref, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-10, atol=1e-10)
+
+
 def test_empty_batch_mean_is_nan_as_torch():
     logits, probs, weight = _inputs(rows=0)
     for reduction in ("mean", "sum", "none"):
