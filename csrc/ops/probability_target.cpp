@@ -24,13 +24,13 @@ at::Tensor as_stats_dtype(const at::Tensor& t, at::ScalarType acc) {
   return t.scalar_type() == acc ? t : t.to(acc);
 }
 
-// w_j p_ij of one block in the stats dtype, a fresh tensor (the caller's
-// target is never written).
+// w_j p_ij of one block in the stats dtype: the caller's target itself (only
+// ever read) when it is in that dtype and there are no class weights, so that
+// the common case makes no copy.
 at::Tensor weighted_probabilities(const at::Tensor& probs, const at::Tensor& w_cols,
                                   at::ScalarType acc) {
-  at::Tensor wp = probs.to(acc, /*non_blocking=*/false, /*copy=*/true);
-  if (w_cols.defined()) wp.mul_(w_cols.unsqueeze(0));
-  return wp;
+  const at::Tensor p = as_stats_dtype(probs, acc);
+  return w_cols.defined() ? p * w_cols.unsqueeze(0) : p;
 }
 
 }  // namespace
@@ -62,8 +62,7 @@ void accumulate_probability_stats(const at::Tensor& logits, int64_t col_begin,
     s.select(1, kRowTargetWeight).add_(wp.sum(1));
     // sum_c w_c p_c z_c: a row dot product, so a masked (-inf) logit under a
     // zero probability is NaN here exactly as in torch's -(p * log_softmax).
-    s.select(1, kRowTargetLogit)
-        .add_(wp.mul_(as_stats_dtype(logits.narrow(0, row0, n), acc)).sum(1));
+    s.select(1, kRowTargetLogit).add_((wp * as_stats_dtype(logits.narrow(0, row0, n), acc)).sum(1));
   }
 }
 
@@ -79,14 +78,14 @@ void subtract_probability_gradient(const at::Tensor& values, int64_t col_begin,
   const int64_t step = probability_block_rows(cols);
   for (int64_t row0 = 0; row0 < rows; row0 += step) {
     const int64_t n = std::min(step, rows - row0);
-    at::Tensor term = weighted_probabilities(probs.narrow(0, row0, n), w_cols, acc);
-    term.mul_(scale.narrow(0, row0, n).unsqueeze(1));
+    const at::Tensor wp = weighted_probabilities(probs.narrow(0, row0, n), w_cols, acc);
+    const at::Tensor row_scale = scale.narrow(0, row0, n).unsqueeze(1);
     at::Tensor v = values.narrow(0, row0, n);
     if (v.scalar_type() == acc) {
-      v.sub_(term);
+      v.addcmul_(wp, row_scale, -1);
     } else {
       // Reduced-precision logits: subtracted in the stats dtype, rounded once more.
-      v.copy_(v.to(acc).sub_(term));
+      v.copy_(v.to(acc).addcmul_(wp, row_scale, -1));
     }
   }
 }
