@@ -93,6 +93,12 @@ void subtract_probability_gradient(const at::Tensor& values, int64_t col_begin,
 at::Tensor local_probability_columns(const at::Tensor& target_rows, const at::Tensor& offset,
                                      int64_t local) {
   if (target_rows.size(1) == local) return target_rows;
+  // Forward accepted only this rank's or all classes; this guards a direct
+  // call of the backward op with another target.
+  TORCH_CHECK(target_rows.size(1) > local,
+              "shard::_parallel_cross_entropy_backward: a probability target's last dim must be "
+              "this rank's ",
+              local, " classes or all of them, got ", target_rows.size(1));
   const at::Tensor columns = at::arange(local, offset.options()) + offset;
   return target_rows.index_select(1, columns);
 }
