@@ -210,6 +210,25 @@ static void test_parallel_cross_entropy() {
   const auto z_ref = torch::nn::functional::cross_entropy(logits, targets) +
                      0.1 * (lse * lse).masked_select(valid).sum() / valid.sum();
   EXPECT(torch::allclose(with_z, z_ref, 1e-10, 1e-12));
+  // Class probabilities, whole [rows, classes] or this rank's columns, with
+  // weights and smoothing: torch's soft-target loss and logit gradient.
+  const auto probs = torch::randn({6, kClasses}, torch::kFloat64).softmax(1);
+  for (const bool sharded : {false, true}) {
+    auto whole = logits.clone().requires_grad_();
+    auto shard = logits.slice(1, o, o + n).clone().requires_grad_();
+    const auto expected = torch::nn::functional::cross_entropy(
+        whole, probs,
+        torch::nn::functional::CrossEntropyFuncOptions().weight(weight).label_smoothing(0.1));
+    const auto loss = F::parallel_cross_entropy(
+        shard, sharded ? probs.slice(1, o, o + n) : probs,
+        F::ParallelCrossEntropyFuncOptions().weight(weight).label_smoothing(0.1));
+    EXPECT_MSG(torch::allclose(loss, expected, 1e-10, 1e-12),
+               "probabilities sharded=" << sharded << ": " << loss.item<double>() << " vs "
+                                        << expected.item<double>());
+    expected.backward();
+    loss.backward();
+    EXPECT(torch::allclose(shard.grad(), whole.grad().slice(1, o, o + n), 1e-10, 1e-12));
+  }
   EXPECT_THROWS(snn::ParallelCrossEntropyLoss(snn::ParallelCrossEntropyLossOptions().z_loss(-1)),
                 "ParallelCrossEntropyLoss: z_loss must be >= 0, got -1");
   EXPECT_THROWS(
