@@ -15,8 +15,6 @@ TORCH_LIBRARY_FRAGMENT(shard, m) {
   m.def("all_gather(Tensor input, int dim, str group, SymInt? full_size=None) -> Tensor", tags);
   m.def("gather_replicated(Tensor input, int dim, str group, SymInt? full_size=None) -> Tensor",
         tags);
-  // Deprecated alias of gather_replicated (its name hid which backward it has).
-  m.def("gather(Tensor input, int dim, str group, SymInt? full_size=None) -> Tensor", tags);
   m.def("reduce_scatter(Tensor input, int dim, str group) -> Tensor", tags);
 }
 
@@ -51,23 +49,6 @@ at::Tensor gather_replicated(const at::Tensor& input, int64_t dim, const std::st
                              std::optional<c10::SymInt> full_size) {
   static auto op = handle<GatherFn>("shard::gather_replicated");
   return op.call(input, dim, group, std::move(full_size));
-}
-
-namespace {
-// shard::gather, for one release: gather_replicated under its old name,
-// composite so that autograd, Meta and every device come from the new op.
-at::Tensor deprecated_gather(const at::Tensor& input, int64_t dim, const std::string& group,
-                             std::optional<c10::SymInt> full_size) {
-  TORCH_WARN_ONCE(
-      "shard::gather is deprecated and will be removed in the next release: it is "
-      "shard::gather_replicated (all-gather forward, this rank's slice of the gradient "
-      "backward); for the adjoint (reduce-scatter backward) use shard::all_gather");
-  return gather_replicated(input, dim, group, std::move(full_size));
-}
-}  // namespace
-
-TORCH_LIBRARY_IMPL(shard, CompositeImplicitAutograd, m) {
-  m.impl("gather", TORCH_FN(deprecated_gather));
 }
 
 at::Tensor all_gather(const at::Tensor& input, int64_t dim, const std::string& group,

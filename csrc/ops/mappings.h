@@ -10,8 +10,6 @@
 //   gather_replicated  all-gather      | keep my slice (for a gradient that is
 //                                        the same on every rank)
 //   reduce_scatter     reduce-scatter  | all-gather
-// shard::gather is the old name of gather_replicated, kept as a deprecated
-// alias for one release (it warns once).
 // Shards along `dim` follow the split rule of topology::shard_size (uneven
 // allowed). `full_size` tells gather ops the total length along `dim`; without
 // it the ops exchange shard sizes first (one extra tiny collective). On CPU and

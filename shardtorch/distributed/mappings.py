@@ -13,9 +13,6 @@ gather             all-gather              by the gather rule below    either of
 reduce_scatter     reduce-scatter (sum)    all-gather                  shard::reduce_scatter
 =================  ======================  ==========================  ========================
 
-The op ``shard::gather`` is the deprecated old name of
-``shard::gather_replicated`` (until the next release; it warns once).
-
 A gather has two real uses, whose true gradients differ (both exact here):
 
 - the batch gather: ``ts.distributed.gather(x, dim=0)`` of each rank's own

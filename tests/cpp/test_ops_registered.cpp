@@ -10,8 +10,8 @@ int main() {
   int missing = 0;
   for (const char* name :
        {"shard::parallel_linear", "shard::_parallel_linear_backward", "shard::copy",
-        "shard::reduce", "shard::scatter", "shard::gather_replicated", "shard::gather",
-        "shard::all_gather", "shard::reduce_scatter"}) {
+        "shard::reduce", "shard::scatter", "shard::gather_replicated", "shard::all_gather",
+        "shard::reduce_scatter"}) {
     if (!c10::Dispatcher::singleton().findSchema({name, ""}).has_value()) {
       std::fprintf(stderr, "FAILED: operator %s not registered\n", name);
       ++missing;

@@ -63,16 +63,11 @@ def test_mapping_opcheck_and_gradcheck(op, args):
     torch.testing.assert_close(getattr(OPS, op)(*args(x)), x)
 
 
-def test_deprecated_gather_is_gather_replicated_and_warns(capfd):
-    """shard::gather, the old name of gather_replicated, stays for one release:
-    same values and gradients (on one rank, the identity), with a warning
-    (c10's, once per process, on stderr; no other test calls the old name)."""
-    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
-    y = OPS.gather(x, -1, "tp", None)
-    assert "shard::gather is deprecated" in capfd.readouterr().err
-    torch.testing.assert_close(y, x)
-    (g,) = torch.autograd.grad((y * y).sum(), x)
-    torch.testing.assert_close(g, 2 * x.detach())
+def test_the_old_gather_alias_is_gone():
+    """shard::gather (the pre-release name of gather_replicated) was removed
+    before the first release: only the two names that say their backward remain."""
+    assert not hasattr(OPS, "gather")
+    assert hasattr(OPS, "gather_replicated") and hasattr(OPS, "all_gather")
 
 
 def test_double_backward_of_mappings():
