@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import shardtorch as ts
+from shardtorch import _C
 from shardtorch.utils.host_syncs import host_syncs
 from tests.reference import margin_cross_entropy_reference
 
@@ -23,7 +24,7 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(DEVICE == "cuda" and (not torch.cuda.is_available() or not ts.cuda_built),
                                  reason="needs a CUDA device and shardtorch built with CUDA")]
 ROWS, FEATURES, CLASSES = 48, 16, 3001
-LAG = 8  # a deferred check is given at its group's 8th collective after its own (docs/cuda.md)
+LAG = _C._DEFERRED_CHECK_LAG  # a deferred check is given at its group's LAG-th collective after its own
 
 
 @pytest.fixture(autouse=True)
@@ -190,8 +191,9 @@ def test_bad_sampled_classes_on_cuda_give_nan_then_a_clear_error():
     target = torch.tensor([1, 2, 3, 4], device="cuda")
     bad = torch.tensor([1, 2, 3, 4, 60], device="cuda")  # 60 is out of range
     loss = ts.nn.functional.parallel_margin_cross_entropy(x, w, target, sampled_classes=bad)
+    made_at = _C._deferred_check_counts("tp")["launches"]  # the loss's gather, its last collective
     assert torch.isnan(loss).item()
-    for _ in range(LAG - 1):
+    while _C._deferred_check_counts("tp")["launches"] < made_at + LAG - 1:
         torch.ops.shard.reduce(torch.ones(2, device="cuda"), "tp")
     with pytest.raises(RuntimeError, match=r"sampled_classes must be strictly increasing local class indices"):
         torch.ops.shard.reduce(torch.ones(2, device="cuda"), "tp")
