@@ -65,9 +65,14 @@ class Communicator {
   virtual void raise_if(const at::Tensor& gathered, const Verdict& verdict) {
     const at::Tensor host = gathered.to(c10::Device(c10::kCPU), at::kDouble).contiguous();
     const double* values = host.const_data_ptr<double>();
-    const std::string message = verdict(std::vector<double>(values, values + host.numel()));
-    TORCH_CHECK(message.empty(), message);
+    const CheckOutcome outcome = verdict(std::vector<double>(values, values + host.numel()));
+    TORCH_CHECK(outcome.error.empty(), outcome.error);
   }
+  // This rank is about to raise `error` alone, right after the collective it
+  // just launched (an argument check only it could make failed; its peers get
+  // it from raise_if's values). Where they get it later (NCCL), the collectives
+  // they launch meanwhile would wait for this rank: it joins none again.
+  virtual void raised_alone(const std::string& error) { static_cast<void>(error); }
   // Gives every verdict raise_if left pending, now, waiting for the device if
   // needed; raises the first failed one. Every rank must call it at the same
   // point (ts.distributed.check_deferred, destroy_process_group).

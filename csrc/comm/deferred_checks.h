@@ -31,8 +31,17 @@
 namespace shardtorch {
 namespace comm {
 
-// What a check's values mean: "" when all is well, else the error to raise.
-using CheckVerdict = std::function<std::string(const std::vector<double>&)>;
+// What a check's values mean: an empty error when all is well. a_rank_left:
+// the check a rank failed was one only it could make, known on its host, so it
+// raised at once (Communicator::raised_alone) and joins no later collective:
+// the collectives launched since wait for it forever (NcclCommunicator aborts).
+struct CheckOutcome {
+  CheckOutcome(std::string error_ = std::string(), bool a_rank_left_ = false)
+      : error(std::move(error_)), a_rank_left(a_rank_left_) {}
+  std::string error;
+  bool a_rank_left;
+};
+using CheckVerdict = std::function<CheckOutcome(const std::vector<double>&)>;
 
 // A check's values on their way to the host.
 struct CheckCopy {
@@ -65,19 +74,20 @@ class DeferredChecks {
     pending_.push_back(Pending{launches_ + lag_, std::move(copy), std::move(verdict)});
   }
 
-  // Counts a launch about to be made and settles the checks due at it; raises
-  // the first failed verdict (the launch must then not be made).
-  void before_launch() {
+  // Counts a launch about to be made and settles the checks due at it; gives
+  // the first failed verdict (the caller raises it; the launch must then not
+  // be made), or an empty one.
+  [[nodiscard]] CheckOutcome before_launch() {
     std::lock_guard<std::mutex> lock(mutex_);
     ++launches_;
-    settle_locked(launches_);
+    return settle_locked(launches_);
   }
 
   // Settles every pending check now (waiting for copies not ready): what
   // ts.distributed.check_deferred() and the group's destruction do.
-  void settle_all() {
+  [[nodiscard]] CheckOutcome settle_all() {
     std::lock_guard<std::mutex> lock(mutex_);
-    settle_locked(INT64_MAX);
+    return settle_locked(INT64_MAX);
   }
 
   DeferredCheckCounts counts() const {
@@ -100,8 +110,8 @@ class DeferredChecks {
   // Checks are added in launch order, so the due ones are at the front. Every
   // due check is settled (and dropped) even after one fails, so that a later
   // launch does not raise an older error again.
-  void settle_locked(int64_t up_to) {
-    std::string message;
+  CheckOutcome settle_locked(int64_t up_to) {
+    CheckOutcome first;
     while (!pending_.empty() && pending_.front().due <= up_to) {
       Pending check = std::move(pending_.front());
       pending_.pop_front();
@@ -110,10 +120,12 @@ class DeferredChecks {
         check.copy.wait();
       }
       ++settled_;
-      const std::string verdict = check.verdict(check.copy.values());
-      if (message.empty()) message = verdict;
+      CheckOutcome outcome = check.verdict(check.copy.values());
+      const bool left = first.a_rank_left || outcome.a_rank_left;
+      if (first.error.empty()) first = std::move(outcome);
+      first.a_rank_left = left;
     }
-    TORCH_CHECK(message.empty(), message);
+    return first;
   }
 
   const int64_t lag_;

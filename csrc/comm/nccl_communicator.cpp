@@ -202,7 +202,8 @@ class NcclCommunicator final : public Communicator {
     // A check no later collective came to raise must not vanish unseen
     // (destroy_process_group raises it before this: check_deferred()).
     try {
-      deferred_checks_.settle_all();
+      const CheckOutcome left = deferred_checks_.settle_all();
+      TORCH_CHECK(left.error.empty(), left.error);
     } catch (const c10::Error& e) {
       std::fprintf(stderr, "%s\n", e.what_without_backtrace());
     } catch (const std::exception& e) {
@@ -280,7 +281,17 @@ class NcclCommunicator final : public Communicator {
 
   void check_deferred() override {
     c10::cuda::CUDAGuard guard(device_);
-    deferred_checks_.settle_all();
+    raise_failed_check(deferred_checks_.settle_all());
+  }
+
+  // Its peers learn it at their 8th collective after this one, having launched
+  // up to 7 that this rank would have to join: it joins none (no abort needed
+  // here: its collectives so far were all joined by its peers, so they end),
+  // and its peers abort theirs (raise_failed_check).
+  void raised_alone(const std::string& error) override {
+    if (size_ == 1) return;
+    std::lock_guard<std::mutex> lock(left_mutex_);
+    if (left_error_.empty()) left_error_ = error.empty() ? std::string("an argument check") : error;
   }
 
   DeferredCheckCounts deferred_check_counts() const override { return deferred_checks_.counts(); }
@@ -312,6 +323,23 @@ class NcclCommunicator final : public Communicator {
     ncclCommAbort(comm_.get());
   }
 
+  // Raises a failed deferred check. When the failing rank raised it alone
+  // (raised_alone) long ago, the collectives launched since wait for it in
+  // vain: the communicator is aborted (they return; this rank's later
+  // launches raise), as every healthy rank of the group does at this launch.
+  void raise_failed_check(const CheckOutcome& failed) {
+    if (failed.error.empty()) return;
+    if (failed.a_rank_left && size_ > 1) {
+      watchdog_->stop();  // it polls the communicator that the abort frees
+      abort();
+      TORCH_CHECK(false, failed.error,
+                  " (that rank raised at once and left the group's collectives: this rank's "
+                  "NCCL communicator for group '",
+                  name_, "' is aborted)");
+    }
+    TORCH_CHECK(false, failed.error);
+  }
+
   template <typename Launch>
   std::shared_ptr<CommHandle> enqueue(std::initializer_list<at::Tensor> tensors, const char* what,
                                       Launch&& launch) {
@@ -325,14 +353,21 @@ class NcclCommunicator final : public Communicator {
     // Counted before the launch is tried: one that then fails on this rank
     // alone still moves the ordinal as its peers' launches do.
     {
+      std::lock_guard<std::mutex> lock(left_mutex_);
+      TORCH_CHECK(left_error_.empty(), "shardtorch NCCL ", what, " on group '", name_,
+                  "': this rank raised \"", left_error_,
+                  "\" alone and left the group's collectives (its peers aborted theirs)");
+    }
+    {
       c10::cuda::CUDAGuard guard(device_);
-      deferred_checks_.before_launch();
+      raise_failed_check(deferred_checks_.before_launch());
     }
     // One launch at a time on this device, whichever communicator (NCCL's rule).
     return with_device_launch_lock(launch_mutex_, [&] {
       watchdog_->check();
       TORCH_CHECK(!aborted_.load(), "shardtorch NCCL ", what, " on group '", name_,
-                  "': the communicator was aborted after a failed collective");
+                  "': the communicator was aborted after a failed collective or after a rank "
+                  "raised a failed argument check alone");
       c10::cuda::CUDAGuard guard(device_);
       auto current = at::cuda::getCurrentCUDAStream(device_);
       // Reused: the wait is enqueued at once, before the next record.
@@ -377,6 +412,8 @@ class NcclCommunicator final : public Communicator {
   std::shared_ptr<EventPool> events_;
   // raise_if's checks, settled at the ordinal every rank agrees on.
   DeferredChecks deferred_checks_;
+  std::mutex left_mutex_;
+  std::string left_error_;  // raised_alone's: not empty once this rank left
   // Declared last: destroyed first, so its thread never sees a half-gone communicator.
   std::shared_ptr<CollectiveWatchdog> watchdog_;
 };

@@ -68,12 +68,16 @@ class FakeCommunicator final : public comm::Communicator {
     copy.values = [held = std::vector<double>(values, values + host.numel())] { return held; };
     deferred_.add(std::move(copy), verdict);
   }
-  void check_deferred() override { deferred_.settle_all(); }
+  void check_deferred() override {
+    const comm::CheckOutcome failed = deferred_.settle_all();
+    TORCH_CHECK(failed.error.empty(), failed.error);
+  }
   comm::DeferredCheckCounts deferred_check_counts() const override { return deferred_.counts(); }
 
  private:
   std::shared_ptr<comm::CommHandle> done() {
-    deferred_.before_launch();
+    const comm::CheckOutcome failed = deferred_.before_launch();
+    TORCH_CHECK(failed.error.empty(), failed.error);
     return std::make_shared<comm::CompletedHandle>();
   }
   std::string name_;
@@ -130,7 +134,7 @@ class FakeDeferredChecks {
  public:
   explicit FakeDeferredChecks(int64_t lag) : checks_(lag) {}
 
-  int64_t add(std::vector<double> values, bool ready) {
+  int64_t add(std::vector<double> values, bool ready, bool a_rank_left) {
     const int64_t id = static_cast<int64_t>(ready_.size());
     auto flag = std::make_shared<std::atomic<bool>>(ready);
     ready_.push_back(flag);
@@ -142,24 +146,29 @@ class FakeDeferredChecks {
       TORCH_CHECK(flag->load(), "fake check ", id, " was read before its copy was ready");
       return values;
     };
-    checks_.add(std::move(copy), [id](const std::vector<double>& got) -> std::string {
-      for (double value : got) {
-        if (value != 0) return "fake check " + std::to_string(id) + " failed";
-      }
-      return "";
-    });
+    checks_.add(std::move(copy),
+                [id, a_rank_left](const std::vector<double>& got) -> comm::CheckOutcome {
+                  for (double value : got) {
+                    if (value != 0)
+                      return {"fake check " + std::to_string(id) + " failed", a_rank_left};
+                  }
+                  return {};
+                });
     return id;
   }
   void set_ready(int64_t id) {
     TORCH_CHECK(id >= 0 && id < static_cast<int64_t>(ready_.size()), "no fake check ", id);
     ready_[id]->store(true);
   }
-  void before_launch() { checks_.before_launch(); }
-  void settle_all() { checks_.settle_all(); }
+  void before_launch() { raise(checks_.before_launch()); }
+  void settle_all() { raise(checks_.settle_all()); }
   int64_t lag() const { return checks_.lag(); }
   comm::DeferredCheckCounts counts() const { return checks_.counts(); }
 
  private:
+  static void raise(const comm::CheckOutcome& failed) {
+    TORCH_CHECK(failed.error.empty(), failed.error, failed.a_rank_left ? " (a rank left)" : "");
+  }
   comm::DeferredChecks checks_;
   std::vector<std::shared_ptr<std::atomic<bool>>> ready_;
 };
@@ -181,7 +190,9 @@ void bind_comm_testing(py::module& m) {
   py::class_<FakeDeferredChecks>(m, "_FakeDeferredChecks")
       .def(py::init<int64_t>(), py::arg("lag") = comm::DeferredChecks::kDefaultLag)
       .def("add", &FakeDeferredChecks::add, py::arg("values"), py::arg("ready") = false,
-           "A check on the latest launch's values; returns its number.")
+           py::arg("a_rank_left") = false,
+           "A check on the latest launch's values; returns its number. a_rank_left: its failure "
+           "says a rank raised alone (the raised message then ends with ' (a rank left)').")
       .def("set_ready", &FakeDeferredChecks::set_ready, py::arg("id"))
       .def("before_launch", &FakeDeferredChecks::before_launch)
       .def("settle_all", &FakeDeferredChecks::settle_all)
@@ -194,11 +205,11 @@ void bind_comm_testing(py::module& m) {
       [](const std::string& group, const std::string& device, std::vector<double> values) {
         auto communicator = comm::communicator_for(group, c10::Device(device), "test");
         const at::Tensor gathered = at::tensor(values, at::kDouble);
-        communicator->raise_if(gathered, [](const std::vector<double>& got) -> std::string {
+        communicator->raise_if(gathered, [](const std::vector<double>& got) -> comm::CheckOutcome {
           for (double value : got) {
             if (value != 0) return "test check failed: a value is " + std::to_string(value);
           }
-          return "";
+          return {};
         });
       },
       py::arg("group"), py::arg("device"), py::arg("values"),

@@ -110,6 +110,18 @@ def test_every_due_check_is_given_even_when_one_fails():
     checks.before_launch()   # neither comes again
 
 
+def test_a_rank_that_left_is_told_even_when_another_failure_comes_first():
+    checks = _C._FakeDeferredChecks(lag=1)
+    checks.before_launch()
+    checks.add([1.0])                    # found on the device
+    checks.add([2.0], a_rank_left=True)  # a rank raised alone: the peers must abort
+    with pytest.raises(RuntimeError, match=r"fake check 0 failed \(a rank left\)"):
+        checks.before_launch()
+    checks.before_launch()
+    checks.add([0.0], a_rank_left=True)  # passed: nothing to tell
+    checks.before_launch()
+
+
 def test_the_lag_must_be_positive():
     with pytest.raises(RuntimeError, match="lag must be at least 1, got 0"):
         _C._FakeDeferredChecks(lag=0)
@@ -123,11 +135,32 @@ def test_the_nccl_communicator_defers_its_checks_by_this_rule():
     assert "deferred_checks_.add(" in raise_if and "synchronize" not in raise_if.replace("copied->synchronize", "")
     enqueue = source[source.index("std::shared_ptr<CommHandle> enqueue("):]
     enqueue = enqueue[:enqueue.index("\n  }\n")]
-    assert "deferred_checks_.before_launch();" in enqueue
+    assert "deferred_checks_.before_launch()" in enqueue
     # Settled before the device's launch lock is taken: a wait never holds up other groups.
-    assert enqueue.index("deferred_checks_.before_launch();") < enqueue.index("with_device_launch_lock")
+    assert enqueue.index("deferred_checks_.before_launch()") < enqueue.index("with_device_launch_lock")
     assert "synchronize" not in enqueue
     assert "DeferredChecks deferred_checks_;" in source
+
+
+def test_a_rank_that_raises_alone_leaves_and_its_peers_abort_at_the_verdict():
+    # A check only one rank could make (its shard or class weight size, known on its host) makes
+    # it raise right after the gather; its peers learn it at their LAG-th collective after, having
+    # launched collectives it will never join. The rule, read from the sources (it runs on a GPU):
+    # the failing rank marks its communicator left before raising, and a verdict naming such a
+    # rank aborts the peers' communicator (the stuck collectives return) before raising.
+    ops = (ROOT / "csrc" / "ops" / "cross_entropy_statistics.cpp").read_text()
+    combine = ops[ops.index("at::Tensor combine_over_group("):]
+    assert combine.index("communicator.raised_alone(setup.check.message);") < combine.index(
+        "TORCH_CHECK(false, setup.check.message);") < combine.index("communicator.raise_if(")
+    assert "a_peer_raised_alone(values, own_rank)" in combine
+    nccl = (ROOT / "csrc" / "comm" / "nccl_communicator.cpp").read_text()
+    raise_failed = nccl[nccl.index("void raise_failed_check("):]
+    raise_failed = raise_failed[:raise_failed.index("\n  }\n")]
+    assert raise_failed.index("failed.a_rank_left") < raise_failed.index("abort();") < raise_failed.index(
+        "TORCH_CHECK(false")
+    enqueue = nccl[nccl.index("std::shared_ptr<CommHandle> enqueue("):]
+    assert "raise_failed_check(deferred_checks_.before_launch());" in enqueue
+    assert enqueue.index("left_error_.empty()") < enqueue.index("deferred_checks_.before_launch()")
 
 
 @pytest.fixture
