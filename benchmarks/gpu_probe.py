@@ -6,7 +6,8 @@
 2. ts.nn.ParallelMarginLoss(512, 1,000,000) at batch 4096, sample rates 0.1 and 1.0, RowSparseSGD:
    one warm-up step, then 3 timed steps (ms/step, max_memory_allocated), then one step under the
    profiler counting device-to-host synchronisations (cudaStreamSynchronize, cudaEventSynchronize,
-   cudaDeviceSynchronize and device-to-host copies) and one under torch.cuda.set_sync_debug_mode.
+   cudaDeviceSynchronize and device-to-host copies) and one under torch.cuda.set_sync_debug_mode, counting
+   shardtorch's waits for its deferred argument checks too (shardtorch.utils.host_syncs).
 
     python benchmarks/gpu_probe.py [--out DIR] [--classes 1000003] [--rows 2200]
 
@@ -17,17 +18,13 @@ import json
 import os
 import tempfile
 import time
-import warnings
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 import shardtorch as ts
-
-#: Runtime calls that block the host until the device is done with earlier work.
-SYNC_CALLS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize", "cuStreamSynchronize",
-              "cuEventSynchronize", "cuCtxSynchronize")
+from shardtorch.utils.host_syncs import host_syncs, profiled_host_syncs
 
 
 def world_of_one():
@@ -51,25 +48,11 @@ def timed(fn, steps):
 
 
 def syncs_of(fn):
-    """Host syncs of one call: (counted by the profiler, reported by sync_debug_mode)."""
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()  # the probe's own; not counted below
-    names = [e.name for e in prof.events()]
-    blocking = max(0, sum(n in SYNC_CALLS for n in names) - 1)
-    device_to_host = sum(("Memcpy DtoH" in n) for n in names)
-    torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    debug = sum("synchronizing operation" in str(w.message) for w in caught)
-    return {"profiler_sync_calls": blocking, "profiler_memcpy_dtoh": device_to_host, "sync_debug_mode": debug}
+    """Host syncs of one call, each counter from one run (shardtorch.utils.host_syncs)."""
+    profiled = profiled_host_syncs(fn)
+    counted = host_syncs(fn)
+    return {"profiler_sync_calls": profiled.sync_calls, "profiler_memcpy_dtoh": profiled.memcpy_dtoh,
+            "sync_debug_mode": len(counted.debug_mode), "deferred_check_waits": counted.deferred_check_waits}
 
 
 def probe_cross_entropy(rows, classes, steps):
@@ -147,10 +130,12 @@ def main():
           f"{ce['grad_max_abs_diff']:.2e} (max |grad| {ce['grad_max_abs_reference']:.2e})")
     print(f"  shardtorch {ce['shardtorch_ms']:.1f} ms, peak {ce['shardtorch_peak_gib']:.2f} GiB; "
           f"torch float32 {ce['torch_float32_ms']:.1f} ms, peak {ce['torch_float32_peak_gib']:.2f} GiB")
-    print("margin 512 x 1M, batch 4096: rate | kept | ms/step | peak GiB | syncs (profiler, DtoH copies, debug)")
+    print("margin 512 x 1M, batch 4096: rate | kept | ms/step | peak GiB | syncs (profiler, DtoH copies, debug, "
+          "deferred-check waits)")
     for m in results["margin"]:
         print(f"  {m['rate']:.1f} | {m['kept']} | {m['ms_per_step']:.1f} | {m['peak_gib']:.2f} | "
-              f"{m['profiler_sync_calls']}, {m['profiler_memcpy_dtoh']}, {m['sync_debug_mode']}")
+              f"{m['profiler_sync_calls']}, {m['profiler_memcpy_dtoh']}, {m['sync_debug_mode']}, "
+              f"{m['deferred_check_waits']}")
     ts.distributed.destroy_process_group()
     dist.destroy_process_group()
 

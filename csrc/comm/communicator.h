@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "comm/deferred_checks.h"
+
 namespace shardtorch {
 namespace comm {
 
@@ -55,16 +57,28 @@ class Communicator {
   // every rank holds alike after a collective (each rank's argument checks,
   // gathered with the data), read on the host; "" means all is well.
   // Here (CPU, SHARDTORCH_DEBUG) they are read at once and the error raised
-  // now. The NCCL communicator reads them without a host synchronisation and
-  // raises from the next collective launched on it: on every rank at the same
-  // point (comm/nccl_communicator.cpp).
-  using Verdict = std::function<std::string(const std::vector<double>&)>;
+  // now. The NCCL communicator copies them without a host synchronisation and
+  // gives the verdict later, at an ordinal every rank agrees on: before the
+  // group's 8th launch after this one, or at check_deferred() (the rule:
+  // comm/deferred_checks.h).
+  using Verdict = CheckVerdict;
   virtual void raise_if(const at::Tensor& gathered, const Verdict& verdict) {
     const at::Tensor host = gathered.to(c10::Device(c10::kCPU), at::kDouble).contiguous();
     const double* values = host.const_data_ptr<double>();
-    const std::string message = verdict(std::vector<double>(values, values + host.numel()));
-    TORCH_CHECK(message.empty(), message);
+    const CheckOutcome outcome = verdict(std::vector<double>(values, values + host.numel()));
+    TORCH_CHECK(outcome.error.empty(), outcome.error);
   }
+  // This rank is about to raise `error` alone, right after the collective it
+  // just launched (an argument check only it could make failed; its peers get
+  // it from raise_if's values). Where they get it later (NCCL), the collectives
+  // they launch meanwhile would wait for this rank: it joins none again.
+  virtual void raised_alone(const std::string& error) { static_cast<void>(error); }
+  // Gives every verdict raise_if left pending, now, waiting for the device if
+  // needed; raises the first failed one. Every rank must call it at the same
+  // point (ts.distributed.check_deferred, destroy_process_group).
+  virtual void check_deferred() {}
+  // What the deferred checks did so far (all zero where raise_if is immediate).
+  virtual DeferredCheckCounts deferred_check_counts() const { return {}; }
 
   void all_reduce(at::Tensor& tensor) { all_reduce_async(tensor)->wait(); }
   void all_gather(const at::Tensor& input, at::Tensor& output) {

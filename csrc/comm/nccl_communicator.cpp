@@ -19,6 +19,7 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include "comm/deferred_checks.h"
 #include "comm/launch_lock.h"
 #include "comm/nccl_teardown.h"
 #include "comm/process_group_communicator.h"
@@ -198,9 +199,11 @@ class NcclCommunicator final : public Communicator {
       // With the watchdog still on: a peer that never finishes makes it fire.
       static_cast<void>(cudaStreamSynchronize(stream_.stream()));
     }
-    // A check no later collective came to raise must not vanish unseen.
+    // A check no later collective came to raise must not vanish unseen
+    // (destroy_process_group raises it before this: check_deferred()).
     try {
-      settle_checks();
+      const CheckOutcome left = deferred_checks_.settle_all();
+      TORCH_CHECK(left.error.empty(), left.error);
     } catch (const c10::Error& e) {
       std::fprintf(stderr, "%s\n", e.what_without_backtrace());
     } catch (const std::exception& e) {
@@ -254,21 +257,44 @@ class NcclCommunicator final : public Communicator {
     });
   }
 
-  // The values go to pinned host memory on the device's current stream; the
-  // next launch on this communicator (every rank's next one: collectives are
-  // called in the same order everywhere) gives the verdict. By then the copy
-  // has long finished, so waiting for its event costs nothing in practice.
+  // The values go to pinned host memory on the device's current stream, and
+  // the verdict waits in deferred_checks_ until the group's 8th launch after
+  // this one (comm/deferred_checks.h): the host never waits for a copy it
+  // could read later, and every rank raises at the same launch.
   void raise_if(const at::Tensor& gathered, const Verdict& verdict) override {
     c10::cuda::CUDAGuard guard(device_);
     at::Tensor host =
         at::empty(gathered.sizes(),
                   at::TensorOptions().dtype(at::kDouble).device(c10::kCPU).pinned_memory(true));
     host.copy_(gathered.to(at::kDouble), /*non_blocking=*/true);
-    auto copied = events_->get();
+    std::shared_ptr<at::cuda::CUDAEvent> copied = events_->get();
     copied->record(at::cuda::getCurrentCUDAStream(device_));
-    std::lock_guard<std::mutex> lock(checks_mutex_);
-    pending_checks_.push_back(PendingCheck{std::move(host), std::move(copied), verdict});
+    CheckCopy copy;
+    copy.ready = [copied] { return copied->query(); };
+    copy.wait = [copied] { copied->synchronize(); };
+    copy.values = [host] {
+      const double* values = host.const_data_ptr<double>();
+      return std::vector<double>(values, values + host.numel());
+    };
+    deferred_checks_.add(std::move(copy), verdict);
   }
+
+  void check_deferred() override {
+    c10::cuda::CUDAGuard guard(device_);
+    raise_failed_check(deferred_checks_.settle_all());
+  }
+
+  // Its peers learn it at their 8th collective after this one, having launched
+  // up to 7 that this rank would have to join: it joins none (no abort needed
+  // here: its collectives so far were all joined by its peers, so they end),
+  // and its peers abort theirs (raise_failed_check).
+  void raised_alone(const std::string& error) override {
+    if (size_ == 1) return;
+    std::lock_guard<std::mutex> lock(left_mutex_);
+    if (left_error_.empty()) left_error_ = error.empty() ? std::string("an argument check") : error;
+  }
+
+  DeferredCheckCounts deferred_check_counts() const override { return deferred_checks_.counts(); }
 
   std::shared_ptr<CommHandle> send_async(const at::Tensor& tensor, int64_t dst) override {
     return enqueue({tensor}, "send", [&](cudaStream_t s) {
@@ -297,22 +323,21 @@ class NcclCommunicator final : public Communicator {
     ncclCommAbort(comm_.get());
   }
 
-  // Gives the verdicts of raise_if calls made since the last launch.
-  void settle_checks() {
-    std::vector<PendingCheck> checks;
-    {
-      std::lock_guard<std::mutex> lock(checks_mutex_);
-      checks.swap(pending_checks_);
+  // Raises a failed deferred check. When the failing rank raised it alone
+  // (raised_alone) long ago, the collectives launched since wait for it in
+  // vain: the communicator is aborted (they return; this rank's later
+  // launches raise), as every healthy rank of the group does at this launch.
+  void raise_failed_check(const CheckOutcome& failed) {
+    if (failed.error.empty()) return;
+    if (failed.a_rank_left && size_ > 1) {
+      watchdog_->stop();  // it polls the communicator that the abort frees
+      abort();
+      TORCH_CHECK(false, failed.error,
+                  " (that rank raised at once and left the group's collectives: this rank's "
+                  "NCCL communicator for group '",
+                  name_, "' is aborted)");
     }
-    std::string message;
-    for (auto& check : checks) {
-      check.copied->synchronize();
-      const double* values = check.host.const_data_ptr<double>();
-      const std::string verdict =
-          check.verdict(std::vector<double>(values, values + check.host.numel()));
-      if (message.empty()) message = verdict;
-    }
-    TORCH_CHECK(message.empty(), message);
+    TORCH_CHECK(false, failed.error);
   }
 
   template <typename Launch>
@@ -323,12 +348,26 @@ class NcclCommunicator final : public Communicator {
                   name_, "': tensors must be on cuda:", device_, ", got ", t.device());
       TORCH_CHECK(t.is_contiguous(), "shardtorch NCCL ", what, ": tensors must be contiguous");
     }
+    // Before the launch lock: a wait for a check's copy (rare: only when the
+    // GPU is `lag` collectives behind) must not hold up other groups' launches.
+    // Counted before the launch is tried: one that then fails on this rank
+    // alone still moves the ordinal as its peers' launches do.
+    {
+      std::lock_guard<std::mutex> lock(left_mutex_);
+      TORCH_CHECK(left_error_.empty(), "shardtorch NCCL ", what, " on group '", name_,
+                  "': this rank raised \"", left_error_,
+                  "\" alone and left the group's collectives (its peers aborted theirs)");
+    }
+    {
+      c10::cuda::CUDAGuard guard(device_);
+      raise_failed_check(deferred_checks_.before_launch());
+    }
     // One launch at a time on this device, whichever communicator (NCCL's rule).
     return with_device_launch_lock(launch_mutex_, [&] {
       watchdog_->check();
-      settle_checks();
       TORCH_CHECK(!aborted_.load(), "shardtorch NCCL ", what, " on group '", name_,
-                  "': the communicator was aborted after a failed collective");
+                  "': the communicator was aborted after a failed collective or after a rank "
+                  "raised a failed argument check alone");
       c10::cuda::CUDAGuard guard(device_);
       auto current = at::cuda::getCurrentCUDAStream(device_);
       // Reused: the wait is enqueued at once, before the next record.
@@ -371,13 +410,10 @@ class NcclCommunicator final : public Communicator {
   std::timed_mutex& launch_mutex_;
   at::cuda::CUDAEvent ready_;
   std::shared_ptr<EventPool> events_;
-  struct PendingCheck {
-    at::Tensor host;
-    std::shared_ptr<at::cuda::CUDAEvent> copied;
-    Verdict verdict;
-  };
-  std::mutex checks_mutex_;
-  std::vector<PendingCheck> pending_checks_;
+  // raise_if's checks, settled at the ordinal every rank agrees on.
+  DeferredChecks deferred_checks_;
+  std::mutex left_mutex_;
+  std::string left_error_;  // raised_alone's: not empty once this rank left
   // Declared last: destroyed first, so its thread never sees a half-gone communicator.
   std::shared_ptr<CollectiveWatchdog> watchdog_;
 };

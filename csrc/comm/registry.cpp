@@ -4,11 +4,14 @@
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include <chrono>
 #include <future>
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "comm/debug_communicator.h"
 #include "comm/process_group_communicator.h"
@@ -205,6 +208,55 @@ std::shared_ptr<Communicator> communicator_for(const std::string& name, const c1
   }
   promise.set_value(created);
   return created;
+}
+
+// The communicators the group (every group when `name` is empty) has made so
+// far, in group-name order (the same on every rank).
+static std::vector<std::shared_ptr<Communicator>> created_communicators(const std::string& name,
+                                                                        const char* op) {
+  std::vector<std::shared_ptr<Communicator>> created;
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  if (!name.empty()) find_entry(r, name, op);
+  for (const auto& group : r.groups) {
+    if (!name.empty() && group.first != name) continue;
+    for (const auto& device : group.second.communicators) {
+      const SharedCommunicator& made = device.second;
+      // One still being created has launched nothing that could be pending.
+      if (made.wait_for(std::chrono::seconds(0)) != std::future_status::ready) continue;
+      try {
+        created.push_back(made.get());
+      } catch (const std::exception&) {
+        // Its creation failed (and will be retried): nothing pending either.
+      }
+    }
+  }
+  return created;
+}
+
+void check_deferred(const std::string& name) {
+  // Outside the registry's lock: settling may wait for the device.
+  std::string first_error;
+  for (const auto& communicator : created_communicators(name, "check_deferred")) {
+    try {
+      communicator->check_deferred();
+    } catch (const c10::Error& e) {
+      if (first_error.empty()) first_error = e.what_without_backtrace();
+    }
+  }
+  TORCH_CHECK(first_error.empty(), first_error);
+}
+
+DeferredCheckCounts deferred_check_counts(const std::string& name) {
+  DeferredCheckCounts total;
+  for (const auto& communicator : created_communicators(name, "deferred_check_counts")) {
+    const DeferredCheckCounts counts = communicator->deferred_check_counts();
+    total.launches += counts.launches;
+    total.pending += counts.pending;
+    total.settled += counts.settled;
+    total.waits += counts.waits;
+  }
+  return total;
 }
 
 CommunicatorFactory register_communicator_factory(c10::DeviceType device_type,

@@ -73,6 +73,15 @@ bool group_has_cpu_backend(const std::string& name, const char* op);
 std::shared_ptr<Communicator> communicator_for(const std::string& name, const c10::Device& device,
                                                const char* op);
 
+// Gives now every verdict that the group's communicators (every group's when
+// `name` is empty) deferred (Communicator::check_deferred), waiting for the
+// device if needed, and raises the first failed one, after settling them all.
+// Every rank must call it at the same point of its program.
+void check_deferred(const std::string& name = "");
+// What those communicators' deferred checks did so far, summed (tests and
+// benchmarks count the host's waits for them: nothing else sees them).
+DeferredCheckCounts deferred_check_counts(const std::string& name = "");
+
 // Backends for devices other than CPU plug in here (the CUDA part of the
 // library registers NCCL at load time), so the registry stays device-free.
 // The factory gets the device the communicator serves. Returns the factory

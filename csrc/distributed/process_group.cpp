@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <mutex>
+#include <string>
 
 #include "comm/registry.h"
 #include "distributed/gloo_process_group.h"
@@ -143,9 +144,20 @@ void init_process_group(const InitOptions& options) {
 void destroy_process_group() {
   std::lock_guard<std::mutex> lock(state_mutex());
   if (!state()) return;
+  // A deferred check that no later collective came to give (the last step's
+  // loss) raises here, on every rank, after the groups are gone.
+  std::string deferred_error;
+  try {
+    comm::check_deferred();
+  } catch (const c10::Error& e) {
+    deferred_error = e.what_without_backtrace();
+  }
   comm::clear_groups();
   state().reset();
+  TORCH_CHECK(deferred_error.empty(), deferred_error);
 }
+
+void check_deferred(const std::string& group) { comm::check_deferred(group); }
 
 bool is_initialized() {
   std::lock_guard<std::mutex> lock(state_mutex());

@@ -22,7 +22,16 @@ namespace distributed {
 void init_process_group(const InitOptions& options = InitOptions());
 
 // Forgets the groups (and their NCCL communicators) and closes the store.
+// Then raises, on every rank, an argument check on CUDA that no collective
+// came to give (check_deferred) before.
 void destroy_process_group();
+
+// Gives now, on every rank that calls it at the same point, the argument
+// checks the CUDA communicators deferred (a bad target of the step's loss):
+// raises the first failed one. Without it they come at the group's 8th
+// collective after theirs, or at destroy_process_group (docs/cuda.md).
+// `group` empty: every group.
+void check_deferred(const std::string& group = "");
 
 bool is_initialized();
 

@@ -163,6 +163,21 @@ std::string check_verdict(const std::vector<double>& gathered, int64_t own_rank,
   return "";
 }
 
+// Whether another rank failed a check known on its host (its shard or class
+// weight size): it raised right after the gather (raised_alone above), not at
+// the verdict. (A margin rank without local classes checks its
+// sampled_classes on the host too; counted as found on the device here.)
+bool a_peer_raised_alone(const std::vector<double>& gathered, int64_t own_rank) {
+  const int64_t ranks = static_cast<int64_t>(gathered.size()) / 2;
+  for (int64_t r = 0; r < ranks; ++r) {
+    const auto code = static_cast<int64_t>(gathered[2 * r]);
+    if (r != own_rank && (code == LocalCheck::kShardSize || code == LocalCheck::kWeightSize)) {
+      return true;
+    }
+  }
+  return false;
+}
+
 // Per-row coefficients of d loss / d logits (see softmax_grad_inplace):
 // g = upstream gradient of the row (0 when ignored),
 //   grad_scale   = g ((1-e) w_t + e/C sum(w) + 2 z lse)
@@ -310,12 +325,16 @@ at::Tensor combine_over_group(const CrossEntropyForwardSetup& setup, const at::T
   at::Tensor gathered = at::empty({communicator.size(), rows + 1, kNumRowStats}, f64);
   communicator.all_gather(packed, gathered);
   // A check only this rank knows failed: it raises now, its peers from the verdict.
-  TORCH_CHECK(setup.check.code == LocalCheck::kOk, setup.check.message);
+  if (setup.check.code != LocalCheck::kOk) {
+    communicator.raised_alone(setup.check.message);
+    TORCH_CHECK(false, setup.check.message);
+  }
   const at::Tensor checks = gathered.select(1, rows).narrow(1, kGatheredCheckCode, 2);
   const int64_t own_rank = communicator.rank(), num_classes = layout.num_classes;
   const int64_t ignore_index = options.ignore_index;
   communicator.raise_if(checks, [=](const std::vector<double>& values) {
-    return check_verdict(values, own_rank, num_classes, ignore_index, op);
+    return comm::CheckOutcome(check_verdict(values, own_rank, num_classes, ignore_index, op),
+                              a_peer_raised_alone(values, own_rank));
   });
   // Where the verdict comes later (CUDA), a failed check makes this forward's
   // loss and gradients NaN meanwhile, never a plausible wrong number.

@@ -107,8 +107,8 @@ at::Tensor fresh_row_stats(int64_t rows, const CrossEntropyForwardSetup& setup,
 // The one collective of the forward: every rank's per-row statistics and its
 // check result, gathered, combined and checked: every rank raises if any
 // failed (Communicator::raise_if: at once on CPU; on CUDA, without a host
-// read, from the group's next collective, while this forward's loss and
-// gradients are NaN). Returns the saved row_stats.
+// wait, from the group's 8th collective after this one or check_deferred,
+// while this forward's loss and gradients are NaN). Returns the saved row_stats.
 at::Tensor combine_over_group(const CrossEntropyForwardSetup& setup, const at::Tensor& stats,
                               const CrossEntropyOptions& options, const char* op);
 

@@ -1,5 +1,6 @@
 #include "python/comm_testing_binding.h"
 
+#include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -7,11 +8,13 @@
 
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "comm/deferred_checks.h"
 #include "comm/launch_lock.h"
 #include "comm/nccl_teardown.h"
 #include "comm/registry.h"
@@ -28,7 +31,8 @@ double seconds_now() {
 }
 
 // A communicator that moves nothing; its backend name says which device it was
-// made for and in which order.
+// made for and in which order. It defers raise_if's verdicts as the NCCL one
+// does (comm::DeferredChecks), with copies that are ready at once.
 class FakeCommunicator final : public comm::Communicator {
  public:
   FakeCommunicator(const comm::GroupInfo& group, std::string backend)
@@ -55,13 +59,31 @@ class FakeCommunicator final : public comm::Communicator {
   }
   std::shared_ptr<comm::CommHandle> recv_async(at::Tensor&, int64_t) override { return done(); }
 
+  void raise_if(const at::Tensor& gathered, const Verdict& verdict) override {
+    const at::Tensor host = gathered.to(at::kDouble).contiguous();
+    const double* values = host.const_data_ptr<double>();
+    comm::CheckCopy copy;
+    copy.ready = [] { return true; };
+    copy.wait = [] {};
+    copy.values = [held = std::vector<double>(values, values + host.numel())] { return held; };
+    deferred_.add(std::move(copy), verdict);
+  }
+  void check_deferred() override {
+    const comm::CheckOutcome failed = deferred_.settle_all();
+    TORCH_CHECK(failed.error.empty(), failed.error);
+  }
+  comm::DeferredCheckCounts deferred_check_counts() const override { return deferred_.counts(); }
+
  private:
-  static std::shared_ptr<comm::CommHandle> done() {
+  std::shared_ptr<comm::CommHandle> done() {
+    const comm::CheckOutcome failed = deferred_.before_launch();
+    TORCH_CHECK(failed.error.empty(), failed.error);
     return std::make_shared<comm::CompletedHandle>();
   }
   std::string name_;
   int64_t rank_, size_;
   std::string backend_;
+  comm::DeferredChecks deferred_;
 };
 
 // Replaces the CUDA communicator factory while alive: each creation sleeps
@@ -104,9 +126,105 @@ class FakeCudaCommunicators {
   bool active_ = false;
 };
 
+// comm::DeferredChecks with copies the test makes ready when it likes (a rank
+// whose GPU is ahead or behind). A check fails when any of its values is not
+// 0; its message names its number. Reading a copy before it is ready (a
+// verdict given without waiting) is an error of its own.
+class FakeDeferredChecks {
+ public:
+  explicit FakeDeferredChecks(int64_t lag) : checks_(lag) {}
+
+  int64_t add(std::vector<double> values, bool ready, bool a_rank_left) {
+    const int64_t id = static_cast<int64_t>(ready_.size());
+    auto flag = std::make_shared<std::atomic<bool>>(ready);
+    ready_.push_back(flag);
+    comm::CheckCopy copy;
+    copy.ready = [flag] { return flag->load(); };
+    // The device finishing the copy while the host waits.
+    copy.wait = [flag] { flag->store(true); };
+    copy.values = [flag, values, id] {
+      TORCH_CHECK(flag->load(), "fake check ", id, " was read before its copy was ready");
+      return values;
+    };
+    checks_.add(std::move(copy),
+                [id, a_rank_left](const std::vector<double>& got) -> comm::CheckOutcome {
+                  for (double value : got) {
+                    if (value != 0)
+                      return {"fake check " + std::to_string(id) + " failed", a_rank_left};
+                  }
+                  return {};
+                });
+    return id;
+  }
+  void set_ready(int64_t id) {
+    TORCH_CHECK(id >= 0 && id < static_cast<int64_t>(ready_.size()), "no fake check ", id);
+    ready_[id]->store(true);
+  }
+  void before_launch() { raise(checks_.before_launch()); }
+  void settle_all() { raise(checks_.settle_all()); }
+  int64_t lag() const { return checks_.lag(); }
+  comm::DeferredCheckCounts counts() const { return checks_.counts(); }
+
+ private:
+  static void raise(const comm::CheckOutcome& failed) {
+    TORCH_CHECK(failed.error.empty(), failed.error, failed.a_rank_left ? " (a rank left)" : "");
+  }
+  comm::DeferredChecks checks_;
+  std::vector<std::shared_ptr<std::atomic<bool>>> ready_;
+};
+
+py::dict counts_dict(const comm::DeferredCheckCounts& counts) {
+  py::dict out;
+  out["launches"] = counts.launches;
+  out["pending"] = counts.pending;
+  out["settled"] = counts.settled;
+  out["waits"] = counts.waits;
+  return out;
+}
+
 }  // namespace
 
 void bind_comm_testing(py::module& m) {
+  m.attr("_DEFERRED_CHECK_LAG") = comm::DeferredChecks::kDefaultLag;
+
+  py::class_<FakeDeferredChecks>(m, "_FakeDeferredChecks")
+      .def(py::init<int64_t>(), py::arg("lag") = comm::DeferredChecks::kDefaultLag)
+      .def("add", &FakeDeferredChecks::add, py::arg("values"), py::arg("ready") = false,
+           py::arg("a_rank_left") = false,
+           "A check on the latest launch's values; returns its number. a_rank_left: its failure "
+           "says a rank raised alone (the raised message then ends with ' (a rank left)').")
+      .def("set_ready", &FakeDeferredChecks::set_ready, py::arg("id"))
+      .def("before_launch", &FakeDeferredChecks::before_launch)
+      .def("settle_all", &FakeDeferredChecks::settle_all)
+      .def_property_readonly("lag", &FakeDeferredChecks::lag)
+      .def_property_readonly(
+          "counts", [](const FakeDeferredChecks& self) { return counts_dict(self.counts()); });
+
+  m.def(
+      "_raise_if",
+      [](const std::string& group, const std::string& device, std::vector<double> values) {
+        auto communicator = comm::communicator_for(group, c10::Device(device), "test");
+        const at::Tensor gathered = at::tensor(values, at::kDouble);
+        communicator->raise_if(gathered, [](const std::vector<double>& got) -> comm::CheckOutcome {
+          for (double value : got) {
+            if (value != 0) return "test check failed: a value is " + std::to_string(value);
+          }
+          return {};
+        });
+      },
+      py::arg("group"), py::arg("device"), py::arg("values"),
+      "Communicator::raise_if on the group's communicator for `device` (a fake CUDA one under "
+      "_FakeCudaCommunicators): fails when a value is not 0.");
+  m.def(
+      "_launch",
+      [](const std::string& group, const std::string& device) {
+        auto communicator = comm::communicator_for(group, c10::Device(device), "test");
+        at::Tensor nothing = at::zeros({1});
+        communicator->all_reduce_async(nothing)->wait();
+      },
+      py::arg("group"), py::arg("device"),
+      "One all_reduce on the group's communicator for `device` (a fake one moves nothing).");
+
   m.def(
       "_hold_launch_lock",
       [](const std::string& device, double seconds) {

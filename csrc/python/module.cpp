@@ -48,6 +48,26 @@ PYBIND11_MODULE(_C, m) {
   m.def("unregister_group", &shardtorch::comm::unregister_group, py::arg("name"),
         py::call_guard<py::gil_scoped_release>());
   m.def("clear_groups", &shardtorch::comm::clear_groups, py::call_guard<py::gil_scoped_release>());
+  // May wait for the device: not under the GIL.
+  m.def("check_deferred", &shardtorch::comm::check_deferred, py::arg("group") = std::string(),
+        py::call_guard<py::gil_scoped_release>(),
+        "Gives now the verdicts of the argument checks the group's (every group's when empty) "
+        "CUDA communicators deferred; raises the first failed one.");
+  m.def(
+      "_deferred_check_counts",
+      [](const std::string& group) {
+        const auto counts = shardtorch::comm::deferred_check_counts(group);
+        py::dict out;
+        out["launches"] = counts.launches;
+        out["pending"] = counts.pending;
+        out["settled"] = counts.settled;
+        out["waits"] = counts.waits;
+        return out;
+      },
+      py::arg("group") = std::string(),
+      "Summed over the group's (every group's when empty) communicators made so far: launches, "
+      "deferred checks pending and settled, and waits (settled checks whose copy was not ready "
+      "when due: the host blocked on a CUDA event, which sync_debug_mode does not see).");
   m.def("has_group", &shardtorch::comm::has_group, py::arg("name"));
   m.def("group_names", &shardtorch::comm::group_names);
   m.def(

@@ -201,6 +201,13 @@ def destroy_process_group(keep_torch_distributed: bool = False) -> None:
     global _state
     if _state is None:
         return
+    # A check that no collective came to give (the last step's loss, on CUDA) raises on every rank,
+    # once the groups are gone.
+    try:
+        _C.check_deferred()
+        deferred_error = None
+    except RuntimeError as error:
+        deferred_error = error
     _C.clear_groups()
     for name, group in _state.groups.items():
         if group is not dist.group.WORLD and _state.owns_groups and dist.is_initialized():
@@ -212,6 +219,21 @@ def destroy_process_group(keep_torch_distributed: bool = False) -> None:
     _state = None
     if owns and not keep_torch_distributed and dist.is_initialized():
         dist.destroy_process_group()
+    if deferred_error is not None:
+        raise deferred_error
+
+
+def check_deferred(group: Optional[str] = None) -> None:
+    """Raises now, on every rank, what the argument checks deferred on CUDA found (a target out of
+    range in the step's loss, bad ``sampled_classes``): on CUDA the host does not wait to read them;
+    they come at the group's 8th collective after theirs, at ``destroy_process_group`` at the
+    latest, or here. Every rank must call it at the same point, e.g. once per step before reading
+    the loss. It waits for the device only if it has not yet made those checks. CPU groups check
+    at once: a no-op there. ``group``: one group's name (default: every group)."""
+    _require("check_deferred")
+    if group is not None and (not isinstance(group, str) or not group):
+        raise ValueError(f"check_deferred: group must be a group's name (a non-empty str) or None, got {group!r}")
+    _C.check_deferred(group or "")
 
 
 def register_group(name: str, group: dist.ProcessGroup, ranks: Optional[List[int]] = None) -> None:

@@ -4,12 +4,15 @@ import pytest
 import torch
 
 import shardtorch as ts
+from shardtorch import _C
+from shardtorch.utils.host_syncs import host_syncs, profiled_host_syncs
 from tests.reference import cross_entropy_reference
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available() or not ts.cuda_built,
                                  reason="needs a CUDA device and shardtorch built with CUDA")]
 OPS = torch.ops.shard
+LAG = _C._DEFERRED_CHECK_LAG  # a deferred check is given at its group's LAG-th collective after its own
 
 
 @pytest.fixture(autouse=True)
@@ -85,17 +88,70 @@ def test_autocast_runs_in_float32(amp_dtype):
     assert torch.isfinite(head.weight.grad).all()
 
 
-def test_out_of_range_target_raises_from_the_next_collective():
-    """No host read in the forward: the bad target makes this loss NaN (never a
-    plausible number) and the group's next collective raises, naming it."""
+def _tp_launches():
+    return _C._deferred_check_counts("tp")["launches"]
+
+
+def test_out_of_range_target_raises_at_the_lagth_collective_after_the_loss():
+    """No host read in the forward: the bad target makes this loss NaN (never a plausible number),
+    the group's next LAG - 1 collectives go, and the LAG-th raises, naming it (docs/cuda.md)."""
+    ts.distributed.check_deferred()  # nothing left from other tests
     logits = torch.randn(3, 5, device="cuda")
     loss = OPS.parallel_cross_entropy(logits, torch.tensor([0, 5, 1], device="cuda"))
+    made_at = _tp_launches()  # the loss's gather
     assert torch.isnan(loss).item()
+    ones = torch.ones(2, device="cuda")
+    while _tp_launches() < made_at + LAG - 1:
+        OPS.reduce(ones, "tp")
     with pytest.raises(RuntimeError, match=r"target values must be in \[0, num_classes=5\).*got 5"):
-        OPS.reduce(torch.ones(2, device="cuda"), "tp")
+        OPS.reduce(ones, "tp")
     # Raised once: the group works again.
-    torch.testing.assert_close(OPS.reduce(torch.ones(2, device="cuda"), "tp"),
-                               torch.ones(2, device="cuda"))
+    torch.testing.assert_close(OPS.reduce(ones, "tp"), ones)
+
+
+def test_check_deferred_raises_the_pending_verdict_now():
+    ts.distributed.check_deferred()
+    OPS.parallel_cross_entropy(torch.randn(3, 5, device="cuda"), torch.tensor([0, 1, -7], device="cuda"))
+    with pytest.raises(RuntimeError, match=r"target values must be in \[0, num_classes=5\).*got -7"):
+        ts.distributed.check_deferred()
+    ts.distributed.check_deferred()  # given once
+
+
+def test_the_host_runs_lag_collectives_ahead_of_a_busy_gpu_without_waiting():
+    """While the GPU is busy (a long sleep kernel ahead of the loss), the host launches the loss
+    and LAG - 1 more collectives without one wait: no cudaEventSynchronize (the profiler), no wait
+    counted by the communicator, nothing for sync_debug_mode. The verdict, a bad target, still comes
+    at the LAG-th, which waits for the copy if the GPU is still behind."""
+    logits, bad = torch.randn(3, 5, device="cuda"), torch.tensor([0, 5, 1], device="cuda")
+    ones = torch.ones(2, device="cuda")
+    # Warm-up, not measured: the communicator, pinned host memory for the checks, the sleep kernel.
+    OPS.parallel_cross_entropy(logits, torch.tensor([0, 1, 2], device="cuda"))
+    OPS.reduce(ones, "tp")
+    torch.cuda._sleep(1000)
+    ts.distributed.check_deferred()
+    seen = {}
+
+    def run_ahead():
+        torch.cuda._sleep(2_000_000_000)  # about a second of GPU time: every copy after it waits
+        OPS.parallel_cross_entropy(logits, bad)
+        seen["made_at"] = _tp_launches()
+        for _ in range(LAG - 1):
+            OPS.reduce(ones, "tp")
+        seen["counts"] = dict(_C._deferred_check_counts("tp"))
+
+    before = _C._deferred_check_counts("tp")
+    profiled = profiled_host_syncs(run_ahead)
+    assert profiled.sync_calls == 0, profiled  # the old rule waited for the copy at the first reduce
+    assert seen["counts"]["waits"] == before["waits"] and seen["counts"]["pending"] >= 1, seen
+    with pytest.raises(RuntimeError, match=r"target values must be in \[0, num_classes=5\).*got 5"):
+        OPS.reduce(ones, "tp")
+
+    counted = host_syncs(run_ahead)
+    assert not counted.debug_mode and counted.deferred_check_waits == 0, counted
+    with pytest.raises(RuntimeError, match=r"target values must be in \[0, num_classes=5\).*got 5"):
+        OPS.reduce(ones, "tp")  # due: it waits for the copy behind the sleep, if still there
+    after = _C._deferred_check_counts("tp")
+    assert after["waits"] - seen["counts"]["waits"] <= 1 and after["pending"] == 0, (seen, after)
 
 
 def test_torch_compile_matches_eager():
@@ -128,27 +184,21 @@ def test_losses_never_synchronise_with_the_host(fused, num_classes):
     w = torch.randn(301, 8, device="cuda", requires_grad=True)
     target = torch.randint(0, 301, (16,), device="cuda")
     class_weight = torch.rand(301, device="cuda") + 0.5  # full size: sliced on the device
-    torch.cuda.synchronize()
-    import warnings
-    previous = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode("warn")
-    try:
-        with warnings.catch_warnings(record=True) as forward_syncs:
-            warnings.simplefilter("always")
-            if fused:
-                loss = ts.nn.functional.parallel_linear_cross_entropy(
-                    x, w, None, target, class_weight, num_classes=num_classes)
-            else:
-                loss = ts.nn.functional.parallel_cross_entropy(
-                    x @ w.t(), target, class_weight, parallel=True, num_classes=num_classes)
-        with warnings.catch_warnings(record=True) as backward_syncs:
-            warnings.simplefilter("always")
-            loss.backward()
-    finally:
-        torch.cuda.set_sync_debug_mode(previous)
-    syncs = [str(w.message) for w in forward_syncs if "synchroniz" in str(w.message)]
-    assert not syncs, syncs
-    assert not [str(w.message) for w in backward_syncs if "synchroniz" in str(w.message)]
+    out = {}
+
+    def forward():
+        if fused:
+            out["loss"] = ts.nn.functional.parallel_linear_cross_entropy(
+                x, w, None, target, class_weight, num_classes=num_classes)
+        else:
+            out["loss"] = ts.nn.functional.parallel_cross_entropy(
+                x @ w.t(), target, class_weight, parallel=True, num_classes=num_classes)
+
+    forward_syncs = host_syncs(forward)
+    backward_syncs = host_syncs(lambda: out["loss"].backward())
+    # Nor does the host wait for the deferred checks' copies (which sync_debug_mode cannot see).
+    for syncs in (forward_syncs, backward_syncs):
+        assert not syncs.debug_mode and syncs.deferred_check_waits == 0, (forward_syncs, backward_syncs)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

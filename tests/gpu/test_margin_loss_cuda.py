@@ -15,6 +15,8 @@ import pytest
 import torch
 
 import shardtorch as ts
+from shardtorch import _C
+from shardtorch.utils.host_syncs import host_syncs
 from tests.reference import margin_cross_entropy_reference
 
 DEVICE = os.environ.get("SHARDTORCH_MARGIN_TEST_DEVICE", "cuda")
@@ -22,6 +24,7 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(DEVICE == "cuda" and (not torch.cuda.is_available() or not ts.cuda_built),
                                  reason="needs a CUDA device and shardtorch built with CUDA")]
 ROWS, FEATURES, CLASSES = 48, 16, 3001
+LAG = _C._DEFERRED_CHECK_LAG  # a deferred check is given at its group's LAG-th collective after its own
 
 
 @pytest.fixture(autouse=True)
@@ -157,50 +160,40 @@ def test_under_autocast_the_loss_runs_in_float32(weight_dtype):
     torch.testing.assert_close(grad.to_dense().double().cpu(), ref_w, **tol)
 
 
-def _syncs(fn):
-    """Host synchronisations torch.cuda.set_sync_debug_mode reports while ``fn`` runs."""
-    import warnings
-    torch.cuda.synchronize()
-    previous = torch.cuda.get_sync_debug_mode()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode(previous)
-    return [str(w.message) for w in caught if "synchroniz" in str(w.message)]
-
-
 @pytest.mark.skipif(DEVICE != "cuda", reason="counts CUDA host synchronisations")
 @pytest.mark.parametrize("rate,most", [(0.1, 2), (1.0, 0)])
 def test_host_syncs_per_step(rate, most):
     """At rate < 1 at most two host reads per step (docs/cuda.md): the count of the shard's
     positives and the count of distinct drawn classes, which set the kept count; none in the op
-    itself (its check of the kept classes stays on the device), none at rate 1."""
+    itself (its check of the kept classes stays on the device and is given later, without a wait),
+    none at rate 1."""
     module = ts.nn.ParallelMarginLoss(FEATURES, CLASSES, sample_rate=rate, device="cuda")
     x, target = _batch(5)
     x, target = x.to("cuda", torch.float32).requires_grad_(), target.cuda()
     module(x, target).backward()  # warm-up
     module.weight.grad = x.grad = None  # a sum of sparse gradients is not what is counted
-    step = _syncs(lambda: module(x, target).backward())
+    step = host_syncs(lambda: module(x, target).backward())
     module.weight.grad = x.grad = None
-    assert len(step) <= most, step
+    assert len(step.debug_mode) <= most and step.deferred_check_waits == 0, step
     kept = module.last_sampled_classes
-    op = _syncs(lambda: ts.nn.functional.parallel_margin_cross_entropy(
+    op = host_syncs(lambda: ts.nn.functional.parallel_margin_cross_entropy(
         x, module.weight, target, sampled_classes=kept if rate < 1 else None).backward())
-    assert not op, op
+    assert not op.debug_mode and op.deferred_check_waits == 0, op
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the deferred check is CUDA's")
 def test_bad_sampled_classes_on_cuda_give_nan_then_a_clear_error():
     """Not read on the host: clamped for indexing (never a device fault), the loss NaN, and the
-    group's next collective raises, naming sampled_classes."""
+    group's 8th collective after the loss's raises, naming sampled_classes; the ones before go."""
+    ts.distributed.check_deferred()  # nothing left from other tests
     w = torch.randn(50, FEATURES, device="cuda")
     x = torch.randn(4, FEATURES, device="cuda")
     target = torch.tensor([1, 2, 3, 4], device="cuda")
     bad = torch.tensor([1, 2, 3, 4, 60], device="cuda")  # 60 is out of range
     loss = ts.nn.functional.parallel_margin_cross_entropy(x, w, target, sampled_classes=bad)
+    made_at = _C._deferred_check_counts("tp")["launches"]  # the loss's gather, its last collective
     assert torch.isnan(loss).item()
+    while _C._deferred_check_counts("tp")["launches"] < made_at + LAG - 1:
+        torch.ops.shard.reduce(torch.ones(2, device="cuda"), "tp")
     with pytest.raises(RuntimeError, match=r"sampled_classes must be strictly increasing local class indices"):
         torch.ops.shard.reduce(torch.ones(2, device="cuda"), "tp")

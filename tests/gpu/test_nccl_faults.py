@@ -34,3 +34,37 @@ def test_nccl_peer_stall_terminates_the_survivor_by_default():
     assert code == 1, output[-3000:]
     assert "has not finished" in output and "group 'tp'" in output, output[-3000:]
     assert "terminating this process" in output
+
+
+DEFERRED_SCRIPT = os.path.join(REPO, "tests", "distributed", "scripts", "deferred_check_peers.py")
+
+
+def _reports(results):
+    reports = []
+    for code, output in results:
+        lines = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+        assert code == 0 and lines, output[-3000:]
+        reports.append(lines[0])
+    return reports
+
+
+def test_a_bad_target_on_one_rank_raises_on_both_at_the_same_launch():
+    """Found on the device: each rank raises at its 8th launch after the loss's gather (the 2nd
+    launch: the warm-up reduce, then the gather), the same one, and the group works again."""
+    first, second = _reports(run_script(DEFERRED_SCRIPT, 2, ["target", TIMEOUT], timeout=180))
+    assert first["raised_at"] == second["raised_at"] == 2 + 8, (first, second)
+    assert "group rank 1 failed a check" in first["error"], first
+    assert "target values must be in [0, num_classes=10)" in second["error"] and "got 99" in second["error"], second
+    assert first["after"] == second["after"] == "ok", (first, second)
+
+
+def test_a_misbuilt_shard_on_one_rank_raises_on_both_without_waiting_for_the_timeout():
+    """Found on rank 1's host: it raises at once and leaves; rank 0 raises at its 8th launch after
+    the gather and aborts its communicator, so the 7 collectives it launched meanwhile return."""
+    first, second = _reports(run_script(DEFERRED_SCRIPT, 2, ["shard", TIMEOUT], timeout=180))
+    assert second["raised_at"] == 2 and "must be rank 1's shard of num_classes=10" in second["error"], second
+    assert first["raised_at"] == 2 + 8 and "group rank 1 failed a check" in first["error"], first
+    assert "is aborted" in first["error"], first
+    for report in (first, second):
+        assert report["seconds"] < TIMEOUT, report  # a hang would last the timeout, or forever
+    assert "aborted" in first["after"] and "left the group's collectives" in second["after"], (first, second)
