@@ -2,7 +2,7 @@
 
 #include <c10/util/Exception.h>
 
-#include "ops/cross_entropy_statistics.h"
+#include "ops/cross_entropy_saved_stats.h"
 #include "ops/op_checks.h"
 #include "ops/probability_target.h"
 

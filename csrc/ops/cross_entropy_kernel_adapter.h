@@ -1,16 +1,16 @@
 #pragma once
 // Adapts one device's row kernels (cross_entropy_kernels.h) to the schemas of
-// the cross-entropy ops: each function unpacks its schema's arguments and runs
-// the op's shared implementation (parallel_cross_entropy_impl.h,
-// parallel_linear_cross_entropy_impl.h) with those kernels, so that the CPU and
-// CUDA files hold only their kernels and one line of registration. Each runs
+// parallel_cross_entropy and parallel_linear_cross_entropy: each function
+// unpacks its schema's arguments and runs the op's shared implementation
+// (parallel_cross_entropy_impl.h, parallel_linear_cross_entropy_impl.h) with
+// those kernels, so that the CPU and CUDA files hold only their kernels and a
+// line of registration per op. Each runs
 // on its input's device (the current device may be another), so that kernels
 // launch on that device's current stream and communicators serve that device.
 
 #include <ATen/DeviceGuard.h>
 #include <torch/library.h>
 
-#include "ops/margin_cross_entropy_kernel_adapter.h"
 #include "ops/parallel_cross_entropy_impl.h"
 #include "ops/parallel_linear_cross_entropy_impl.h"
 
@@ -109,16 +109,19 @@ struct CrossEntropyKernelAdapter {
   }
 
   // Registers every cross-entropy op's kernel for the library's dispatch key.
-  static void register_kernels(torch::Library& m) {
+  // shard::parallel_cross_entropy and its internal ops.
+  static void register_parallel_cross_entropy(torch::Library& m) {
     m.impl("parallel_cross_entropy", TORCH_FN(loss));
     m.impl("_parallel_cross_entropy_forward", TORCH_FN(forward));
     m.impl("_parallel_cross_entropy_backward", TORCH_FN(backward));
+  }
+  // shard::parallel_linear_cross_entropy and its internal ops.
+  static void register_parallel_linear_cross_entropy(torch::Library& m) {
     m.impl("parallel_linear_cross_entropy", TORCH_FN(fused_loss));
     m.impl("_parallel_linear_cross_entropy_forward", TORCH_FN(fused_forward));
     m.impl("_parallel_linear_cross_entropy_backward", TORCH_FN(fused_backward));
     m.impl("_parallel_linear_cross_entropy_forward_with_gradients",
            TORCH_FN(fused_forward_with_gradients));
-    MarginCrossEntropyKernelAdapter<Kernels>::register_kernels(m);
   }
 };
 

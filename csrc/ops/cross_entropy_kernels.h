@@ -1,8 +1,8 @@
 #pragma once
 // The passes over [rows, classes] data that the parallel cross-entropy ops
 // (plain and fused with the classifier) need from a device: ATen operations
-// over row blocks on CPU (cpu/parallel_cross_entropy_cpu.cpp), custom kernels
-// on CUDA (cuda/parallel_cross_entropy_cuda.cu). Everything else is shared
+// over row blocks on CPU (cpu/cross_entropy_kernels_cpu.cpp), custom kernels
+// on CUDA (cuda/cross_entropy_kernels_cuda.cu). Everything else is shared
 // (cross_entropy_statistics.h).
 
 #include <ATen/core/Tensor.h>

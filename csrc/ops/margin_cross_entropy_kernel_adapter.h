@@ -1,9 +1,8 @@
 #pragma once
 // Adapts one device's row kernels (cross_entropy_kernels.h) to the schemas of
 // parallel_linear_margin_cross_entropy, as cross_entropy_kernel_adapter.h does
-// for the plain losses (whose register_kernels registers these too, so that
-// every device with cross-entropy kernels has the margin loss). Each runs on
-// its input's device, whichever device is current.
+// for the plain losses. Each runs on its input's device, whichever device is
+// current.
 
 #include <ATen/DeviceGuard.h>
 #include <torch/library.h>
@@ -78,7 +77,8 @@ struct MarginCrossEntropyKernelAdapter {
         num_classes, output_mask, kernels());
   }
 
-  static void register_kernels(torch::Library& m) {
+  // shard::parallel_linear_margin_cross_entropy and its internal ops.
+  static void register_parallel_linear_margin_cross_entropy(torch::Library& m) {
     m.impl("parallel_linear_margin_cross_entropy", TORCH_FN(loss));
     m.impl("_parallel_linear_margin_cross_entropy_forward", TORCH_FN(forward));
     m.impl("_parallel_linear_margin_cross_entropy_backward", TORCH_FN(backward));

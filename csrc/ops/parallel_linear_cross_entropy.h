@@ -11,8 +11,8 @@
 //   input [*, in_features] (whole on every rank), weight [local_classes,
 //   in_features], bias [local_classes]; the other arguments as in
 //   parallel_cross_entropy. The logits never exist whole: the extra memory is
-//   O(max(rows x chunk_size, kGradientBlockMinElements)) whatever the number
-//   of classes (chunk_size default 4096).
+//   O(max(rows x chunk_size, 2^22)) whatever the number of classes (chunk_size
+//   default 4096; 2^22 is kGradientBlockMinElements of ops/fused_head_driver.h).
 //
 // Two ways to the gradients, chosen by autograd:
 // - Gradients in forward (a float32/float64 classifier, reduction mean or
@@ -20,7 +20,7 @@
 //   weight and bias gradients too, and backward only scales them by the
 //   upstream gradient (not at all for loss.backward()'s 1 on CPU). Where a block of rows holding
 //   all of the largest shard's classes fits the memory bound
-//   (parallel_linear_cross_entropy_gradient_block_rows > 0), each row's
+//   (fused_head_gradient_block_rows > 0, ops/fused_head_driver.h), each row's
 //   logits are computed once: three GEMMs, against four when they are
 //   recomputed; one all-gather of statistics per block of rows and one
 //   all-reduce of the input gradient. Otherwise the forward computes the
@@ -54,23 +54,6 @@ namespace shardtorch {
 namespace ops {
 
 constexpr int64_t kDefaultCrossEntropyChunk = 4096;
-// The gradients-in-forward path's bound on a block of logits: rows x
-// chunk_size elements, or this many (16 MiB of float32) where that is more,
-// so that small batches are not cut into blocks too thin for a fast GEMM...
-constexpr int64_t kGradientBlockMinElements = int64_t{1} << 22;
-// ...and no block has fewer rows than this (unless the batch has): beyond
-// that the logits are recomputed instead. Thinner blocks cost more than the
-// recomputation saves, the weight gradient being summed over every block
-// (measured on CPU, 1024 rows x 256 features: blocks of 209 rows 0.80 of the
-// recomputing step, 131 rows 0.89, 104 rows 0.94, 83 rows 1.03).
-constexpr int64_t kGradientBlockMinRows = 128;
-
-// Rows per block of the gradients-in-forward path for a batch of `rows` and
-// a largest shard of `max_local_classes`, or 0 where blocks would be thinner
-// than kGradientBlockMinRows (the logits are then recomputed).
-int64_t parallel_linear_cross_entropy_gradient_block_rows(int64_t rows, int64_t max_local_classes,
-                                                          int64_t chunk_size);
-
 at::Tensor parallel_linear_cross_entropy(
     const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
     const at::Tensor& target, const std::optional<at::Tensor>& class_weight, int64_t ignore_index,

@@ -1,11 +1,15 @@
+// shard::parallel_linear_cross_entropy's head for the fused-head driver
+// (fused_head_driver.h): logits x w^T + b of this rank's shard.
 #include "ops/parallel_linear_cross_entropy_impl.h"
 
 #include <ATen/ATen.h>
+#include <ATen/FunctionalTensorWrapper.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 
-#include <algorithm>
-
-#include "comm/registry.h"
 #include "ops/cross_entropy_statistics.h"
+#include "ops/fused_head_driver.h"
+#include <shardtorch/ops/parallel_linear_cross_entropy.h>
+#include <shardtorch/topology/topology.h>
 
 namespace shardtorch {
 namespace ops {
@@ -13,17 +17,44 @@ namespace {
 
 constexpr const char* kFusedForward = "shard::parallel_linear_cross_entropy";
 constexpr const char* kFusedBackward = "shard::_parallel_linear_cross_entropy_backward";
+constexpr const char* kFusedWithGradients =
+    "shard::_parallel_linear_cross_entropy_forward_with_gradients";
 
-// Logits of classes [begin, begin + width) of this rank's shard, in the
-// stats dtype `acc`; the GEMM runs in x's and w's dtype (float16/bfloat16
-// accumulate in float32).
-at::Tensor chunk_logits(const CrossEntropyKernels& kernels, const at::Tensor& x,
-                        const at::Tensor& w, const std::optional<at::Tensor>& bias, int64_t begin,
-                        int64_t width, at::ScalarType acc) {
-  at::Tensor bias_chunk;
-  if (bias.has_value() && bias->defined()) bias_chunk = bias->narrow(0, begin, width);
-  return kernels.chunk_logits(x, w.narrow(0, begin, width), bias_chunk, acc);
-}
+class LinearHead final : public FusedHead {
+ public:
+  LinearHead(const at::Tensor& input, const at::Tensor& weight,
+             const std::optional<at::Tensor>& bias, int64_t rows, at::ScalarType acc,
+             const CrossEntropyKernels& kernels)
+      : x_(gemm_input(input, weight, rows, weight.size(1))),
+        w_(weight.contiguous()),
+        acc_(acc),
+        kernels_(kernels) {
+    if (bias.has_value() && bias->defined()) bias_ = *bias;
+  }
+  int64_t columns() const override { return w_.size(0); }
+  const at::Tensor& x_rows() const override { return x_; }
+  at::TensorOptions weight_options() const override { return w_.options(); }
+  bool has_bias() const override { return bias_.defined(); }
+
+  // In the stats dtype; the GEMM runs in x's and w's dtype (float16/bfloat16
+  // accumulate in float32).
+  LogitChunk logits(const at::Tensor& x, int64_t begin, int64_t width,
+                    const at::Tensor&) const override {
+    at::Tensor bias_chunk;
+    if (bias_.defined()) bias_chunk = bias_.narrow(0, begin, width);
+    return {kernels_.chunk_logits(x, w_.narrow(0, begin, width), bias_chunk, acc_), {}};
+  }
+  void logit_gradient(LogitChunk&, int64_t, int64_t, const at::Tensor&) const override {}
+  void add_input_gradient(at::Tensor& grad_x, const at::Tensor& grad, int64_t begin, int64_t width,
+                          const LogitChunk&) const override {
+    kernels_.add_product(grad_x, grad, w_.narrow(0, begin, width));
+  }
+
+ private:
+  at::Tensor x_, w_, bias_;
+  at::ScalarType acc_;
+  const CrossEntropyKernels& kernels_;
+};
 
 }  // namespace
 
@@ -42,30 +73,9 @@ std::tuple<at::Tensor, at::Tensor> parallel_linear_cross_entropy_forward_impl(
   const CrossEntropyForwardSetup setup =
       prepare_cross_entropy_forward(group, input.device(), input.scalar_type(), weight.size(0),
                                     num_classes, target, class_weight, options, kFusedForward);
-  return linear_cross_entropy_forward_by_chunks(input, weight, bias, target, options, setup,
-                                                chunk_size, kernels, kFusedForward);
-}
-
-std::tuple<at::Tensor, at::Tensor> linear_cross_entropy_forward_by_chunks(
-    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-    const at::Tensor& target, const CrossEntropyOptions& options,
-    const CrossEntropyForwardSetup& setup, int64_t chunk_size, const CrossEntropyKernels& kernels,
-    const char* op) {
-  const int64_t rows = setup.target_flat.size(0);
-  const int64_t local = weight.size(0), features = weight.size(1);
-  const at::Tensor x = gemm_input(input, weight, rows, features);
-  const at::Tensor w = weight.contiguous();
-  at::Tensor stats = fresh_row_stats(rows, setup, input.device());
-  // Only one chunk of logits lives at a time.
-  for (int64_t begin = 0; setup.check.code == LocalCheck::kOk && begin < local;
-       begin += chunk_size) {
-    const int64_t width = std::min(chunk_size, local - begin);
-    kernels.accumulate_row_stats(chunk_logits(kernels, x, w, bias, begin, width, setup.acc), begin,
-                                 setup.target_local, setup.weight_local, stats, at::Tensor());
-  }
-  at::Tensor saved = combine_over_group(setup, stats, options, op);
-  at::Tensor loss = reduce_loss(saved, target, options, input.scalar_type());
-  return {loss, saved};
+  const LinearHead head(input, weight, bias, setup.target_flat.size(0), setup.acc, kernels);
+  return fused_head_forward_by_chunks(head, input, target, options, setup, chunk_size, kernels,
+                                      kFusedForward);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> parallel_linear_cross_entropy_backward_impl(
@@ -76,56 +86,65 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> parallel_linear_cross_entropy_bac
     const CrossEntropyKernels& kernels) {
   TORCH_CHECK(chunk_size >= 1, kFusedBackward, ": chunk_size must be >= 1, got ", chunk_size);
   const int64_t rows = leading_rows(input).guard_int(__FILE__, __LINE__);
-  const int64_t local = weight.size(0), features = weight.size(1);
   check_saved_row_stats(row_stats, rows, kFusedBackward);
   const at::ScalarType acc = cross_entropy_accumulate_type(input.scalar_type());
-  const CrossEntropyBackwardSetup setup = prepare_cross_entropy_backward(
-      grad_loss, row_stats, target, class_weight, options, local, acc, kFusedBackward);
+  const LinearHead head(input, weight, bias, rows, acc, kernels);
+  const FusedHeadResult grads = fused_head_backward_by_chunks(
+      head, input,
+      prepare_cross_entropy_backward(grad_loss, row_stats, target, class_weight, options,
+                                     weight.size(0), acc, kFusedBackward),
+      chunk_size, group, output_mask, kernels, kFusedBackward);
+  return {grads.grad_input, grads.grad_weight, grads.grad_bias};
+}
 
-  const at::Tensor x = gemm_input(input, weight, rows, features);
-  const at::Tensor w = weight.contiguous();
-  // The input gradient is summed over chunks in the stats dtype, so that
-  // reduced-precision inputs do not lose the small chunks' contributions.
-  at::Tensor grad_input_acc, grad_weight, grad_bias;
-  if (output_mask[0]) grad_input_acc = at::zeros({rows, features}, x.options().dtype(acc));
-  if (output_mask[1]) grad_weight = at::empty_like(w);
-  if (output_mask[2] && bias.has_value() && bias->defined()) {
-    grad_bias = at::empty({local}, w.options());
-  }
-  std::shared_ptr<comm::CommHandle> pending_reduce;
-  for (int64_t begin = 0; begin < local || (begin == 0 && output_mask[0]); begin += chunk_size) {
-    const int64_t width = std::min(chunk_size, local - begin);
-    const bool last = begin + chunk_size >= local;
-    at::Tensor chunk_acc = chunk_logits(kernels, x, w, bias, begin, width, acc);
-    kernels.softmax_grad_inplace(chunk_acc, begin, setup.target_local, setup.weight_local,
-                                 setup.coefs);
-    // The gradient GEMMs run in the forward's GEMM dtype (tensor cores for
-    // float16/bfloat16), the input gradient accumulating in float32.
-    const at::Tensor chunk =
-        chunk_acc.scalar_type() == x.scalar_type() ? chunk_acc : chunk_acc.to(x.scalar_type());
-    if (output_mask[0]) {
-      kernels.add_product(grad_input_acc, chunk, w.narrow(0, begin, width));
-      // Each rank's classes contribute a part of the input gradient; the sum
-      // travels while the last chunk's weight gradient is computed.
-      if (last) {
-        pending_reduce = comm::communicator_for(group, input.device(), kFusedBackward)
-                             ->all_reduce_async(grad_input_acc);
-      }
-    }
-    // Written in place: a row slice of the contiguous gradient is contiguous,
-    // so no chunk-sized temporary is needed.
-    if (output_mask[1]) {
-      at::Tensor rows_of_grad = grad_weight.narrow(0, begin, width);
-      at::mm_out(rows_of_grad, chunk.t(), x);
-    }
-    if (grad_bias.defined()) grad_bias.narrow(0, begin, width).copy_(chunk_acc.sum(0));
-  }
-  at::Tensor grad_input;
-  if (output_mask[0]) {
-    pending_reduce->wait();
-    grad_input = grad_input_acc.to(input.scalar_type()).view(input.sizes());
-  }
-  return {grad_input, grad_weight, grad_bias};
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+parallel_linear_cross_entropy_forward_with_gradients_impl(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    const at::Tensor& target, const std::optional<at::Tensor>& class_weight,
+    const CrossEntropyOptions& options, int64_t chunk_size, const std::string& group,
+    std::optional<int64_t> num_classes, std::array<bool, 3> output_mask,
+    const CrossEntropyKernels& kernels) {
+  check_parallel_linear_cross_entropy_args(input, weight, bias, target, class_weight, options,
+                                           chunk_size, kFusedWithGradients);
+  TORCH_CHECK(options.reduction != 0, kFusedWithGradients,
+              ": needs reduction mean or sum (a scalar loss), got reduction none");
+  const CrossEntropyForwardSetup setup = prepare_cross_entropy_forward(
+      group, input.device(), input.scalar_type(), weight.size(0), num_classes, target, class_weight,
+      options, kFusedWithGradients);
+  const LinearHead head(input, weight, bias, setup.target_flat.size(0), setup.acc, kernels);
+  // The largest shard, which every rank knows.
+  const int64_t max_columns =
+      topology::shard_size(setup.layout.num_classes, setup.communicator->size(), 0);
+  const FusedHeadResult out = fused_head_forward_with_gradients(
+      head, input, target, options, setup, max_columns, chunk_size, group, output_mask, kernels,
+      kFusedWithGradients, [&](const at::Tensor& grad_loss, const at::Tensor& row_stats) {
+        return prepare_cross_entropy_backward(grad_loss, row_stats, target, class_weight, options,
+                                              weight.size(0), setup.acc, kFusedWithGradients);
+      });
+  return {out.loss, out.row_stats, out.grad_input, out.grad_weight, out.grad_bias};
+}
+
+bool parallel_linear_cross_entropy_gradients_in_forward(const at::Tensor& weight, int64_t reduction,
+                                                        bool any_gradient) {
+  const auto type = weight.scalar_type();
+  return reduction != 0 && (type == at::kFloat || type == at::kDouble) && any_gradient;
+}
+
+at::Tensor parallel_linear_cross_entropy_apply_upstream(const at::Tensor& gradient,
+                                                        const at::Tensor& grad_loss,
+                                                        bool in_place) {
+  TORCH_CHECK(grad_loss.numel() == 1, "shard::parallel_linear_cross_entropy",
+              ": the upstream gradient of a reduced loss must be one value, got shape ",
+              grad_loss.sizes());
+  // loss.backward()'s 1 on CPU, where reading it costs nothing: no pass over
+  // a weight-sized gradient. Not while torch.compile traces (the value is
+  // not known then).
+  const bool traced = c10::impl::TorchDispatchModeTLS::any_modes_set() ||
+                      grad_loss.unsafeGetTensorImpl()->is_python_dispatch() ||
+                      at::functionalization::impl::isFunctionalTensor(grad_loss);
+  if (!traced && grad_loss.is_cpu() && grad_loss.item<double>() == 1.0) return gradient;
+  const at::Tensor factor = grad_loss.reshape({});
+  return in_place ? gradient.mul_(factor) : gradient.mul(factor);
 }
 
 }  // namespace ops

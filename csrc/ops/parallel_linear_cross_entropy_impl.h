@@ -1,7 +1,7 @@
 #pragma once
 // shard::parallel_linear_cross_entropy's forward and backward on one device,
-// given that device's row kernels (cross_entropy_kernels.h): the classifier's
-// logits exist one chunk of classes at a time.
+// given that device's row kernels (cross_entropy_kernels.h): the plain head
+// of the fused-head driver (fused_head_driver.h), logits x w^T + b.
 
 #include <ATen/core/Tensor.h>
 
@@ -12,7 +12,6 @@
 
 #include "ops/cross_entropy_checks.h"
 #include "ops/cross_entropy_kernels.h"
-#include "ops/cross_entropy_statistics.h"
 
 namespace shardtorch {
 namespace ops {
@@ -31,14 +30,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> parallel_linear_cross_entropy_bac
     const std::optional<at::Tensor>& class_weight, const CrossEntropyOptions& options,
     int64_t chunk_size, const std::string& group, std::array<bool, 3> output_mask,
     const CrossEntropyKernels& kernels);
-
-// The forward's pass over the classes, chunk_size at a time, from a prepared
-// setup (prepare_cross_entropy_forward of these arguments) -> (loss, row_stats).
-std::tuple<at::Tensor, at::Tensor> linear_cross_entropy_forward_by_chunks(
-    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-    const at::Tensor& target, const CrossEntropyOptions& options,
-    const CrossEntropyForwardSetup& setup, int64_t chunk_size, const CrossEntropyKernels& kernels,
-    const char* op);
 
 // The input as the [rows, features] operand of the classifier's GEMMs: in the
 // weight's dtype (a float32 input with a reduced-precision weight, as

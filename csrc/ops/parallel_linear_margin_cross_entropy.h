@@ -35,7 +35,7 @@
 // needs a gradient of a mean or sum loss of a float32/float64 classifier, the
 // gradients are computed in forward (backward only scales them): by blocks of
 // rows holding all of the loss's columns where the largest count of columns
-// any rank brings fits parallel_linear_cross_entropy_gradient_block_rows (with
+// any rank brings fits fused_head_gradient_block_rows (with
 // sampling, the kept counts: one tiny all-gather of them), one all-gather of
 // statistics per block; else the logits computed twice. Otherwise one
 // all-gather of per-row statistics forward, the logits recomputed and one

@@ -3,12 +3,14 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <any>
 #include <cmath>
+#include <optional>
 
 #include "comm/registry.h"
 #include "comm/sharded_collectives.h"
 #include "ops/cross_entropy_statistics.h"
-#include <shardtorch/ops/parallel_linear_cross_entropy.h>
+#include "ops/fused_head_driver.h"
 #include <shardtorch/topology/topology.h>
 
 namespace shardtorch {
@@ -187,120 +189,99 @@ void use_kept_classes(CrossEntropyForwardSetup& setup, const at::Tensor& kept) {
   }
 }
 
-at::Tensor x_rows(const at::Tensor& input, int64_t rows) {
+at::Tensor input_rows(const at::Tensor& input, int64_t rows) {
   return input.reshape({rows, input.size(-1)}).contiguous();
 }
 
-// The gradients in forward over blocks of rows, each holding all the classes
-// in the loss (as the fused cross-entropy's, parallel_linear_cross_entropy.h):
-// a block's margin logits are made chunk by chunk into one buffer, combined
-// over the group (one all-gather per block), turned into d loss / d cos in
-// place and multiplied into the unit-input and unit-weight gradients; the
-// normalisations' backward runs once at the end. Three GEMMs per row.
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> margin_by_row_blocks(
-    const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target,
-    const MarginOptions& margin, const CrossEntropyOptions& options, const at::Tensor& kept,
-    const CrossEntropyForwardSetup& setup, int64_t block_rows, int64_t chunk_size,
-    const std::string& group, std::array<bool, 2> output_mask, const CrossEntropyKernels& kernels) {
-  const int64_t rows = setup.target_flat.size(0);
-  const int64_t columns = setup.layout.local, features = weight.size(1);
-  const at::ScalarType acc = setup.acc;
-  NormalizedRows x = normalize_rows(x_rows(input, rows));
-  const at::Tensor w = weight.contiguous();
-  // One block knows the mean's divisor when its coefficients are made; blocks
-  // sum their gradients and divide once at the end.
-  const bool one_block = block_rows >= rows;
-  CrossEntropyOptions coef_options = options;
-  if (!one_block) coef_options.reduction = 2;
-  const at::Tensor one = at::ones({}, x.unit.options().dtype(at::kDouble));
-  const at::Tensor target_flat = target.reshape({rows});
-  const bool compute = columns > 0 && setup.check.code == LocalCheck::kOk;
+// What the margin head keeps of a range of columns for their gradient.
+struct MarginColumns {
+  at::Tensor target_slope;                    // [rows] float64: d psi / d cos of the target
+  std::optional<NormalizedRows> weight_rows;  // the unit weight rows, for one chunk's range
+};
 
-  at::Tensor grad_unit, grad_weight;
-  if (output_mask[0]) grad_unit = at::zeros({rows, features}, x.unit.options().dtype(acc));
-  if (output_mask[1]) grad_weight = at::empty({columns, features}, w.options());
-  std::vector<at::Tensor> saved_blocks;
-  std::shared_ptr<comm::CommHandle> pending_reduce;
-  for (int64_t begin = 0; begin < rows; begin += block_rows) {
-    const int64_t count = std::min(block_rows, rows - begin);
-    const CrossEntropyForwardSetup block = rows_of_setup(setup, begin, count);
-    const at::Tensor xb = x.unit.narrow(0, begin, count);
-    at::Tensor stats = fresh_row_stats(count, block, input.device());
-    at::Tensor values, slope;
-    if (compute) {
-      values = at::empty({count, columns}, xb.options());
-      slope = at::zeros({count}, xb.options().dtype(at::kDouble));
-      for (int64_t c0 = 0; c0 < columns; c0 += chunk_size) {
-        const int64_t width = std::min(chunk_size, columns - c0);
-        const MarginChunk chunk = margin_chunk(xb, w, kept, c0, width, block.target_local, margin);
-        values.narrow(1, c0, width).copy_(chunk.logits);
-        slope = at::where(chunk.at_target.here, chunk.target_slope, slope);
+// The margin head: scale * cos of unit input rows and unit weight rows, the
+// target's psi(cos). Its temporaries are the size of chunk_size columns: a
+// wider range is made a chunk at a time.
+class MarginHead final : public FusedHead {
+ public:
+  MarginHead(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& kept,
+             const MarginOptions& margin, int64_t rows, int64_t chunk_size)
+      : x_(normalize_rows(input_rows(input, rows))),
+        w_(weight.contiguous()),
+        kept_(kept),
+        margin_(margin),
+        chunk_size_(chunk_size) {}
+  int64_t columns() const override { return kept_.defined() ? kept_.size(0) : w_.size(0); }
+  const at::Tensor& x_rows() const override { return x_.unit; }
+  at::TensorOptions weight_options() const override { return w_.options(); }
+
+  LogitChunk logits(const at::Tensor& x, int64_t begin, int64_t width,
+                    const at::Tensor& target_local) const override {
+    if (width <= chunk_size_) {
+      MarginChunk chunk = margin_chunk(x, w_, kept_, begin, width, target_local, margin_);
+      return {chunk.logits, MarginColumns{chunk.target_slope, chunk.weight_rows}};
+    }
+    at::Tensor values = at::empty({x.size(0), width}, x.options());
+    at::Tensor slope = at::zeros({x.size(0)}, x.options().dtype(at::kDouble));
+    for_each_chunk(begin, width, [&](int64_t c0, int64_t w) {
+      const MarginChunk chunk = margin_chunk(x, w_, kept_, c0, w, target_local, margin_);
+      values.narrow(1, c0 - begin, w).copy_(chunk.logits);
+      slope = at::where(chunk.at_target.here, chunk.target_slope, slope);
+    });
+    return {values, MarginColumns{slope, std::nullopt}};
+  }
+
+  void logit_gradient(LogitChunk& chunk, int64_t begin, int64_t width,
+                      const at::Tensor& target_local) const override {
+    const at::Tensor& slope = std::any_cast<const MarginColumns&>(chunk.state).target_slope;
+    update_target_entries_(chunk.values, target_columns(target_local, begin, width),
+                           [&](const at::Tensor& g) { return g.to(at::kDouble) * slope; });
+    chunk.values.mul_(margin_.scale);
+  }
+
+  void add_input_gradient(at::Tensor& grad_x, const at::Tensor& grad, int64_t begin, int64_t width,
+                          const LogitChunk& chunk) const override {
+    const auto& rows = std::any_cast<const MarginColumns&>(chunk.state).weight_rows;
+    auto add = [&](const at::Tensor& g, const at::Tensor& w_unit) {
+      if (g.scalar_type() == grad_x.scalar_type()) {
+        grad_x.addmm_(g, w_unit);
+      } else {
+        grad_x.add_(at::mm(g, w_unit));
       }
-      kernels.accumulate_row_stats(values, 0, block.target_local, at::Tensor(), stats,
-                                   at::Tensor());
+    };
+    if (rows.has_value()) return add(grad, rows->unit);
+    for_each_chunk(begin, width, [&](int64_t c0, int64_t w) {
+      add(grad.narrow(1, c0 - begin, w), normalize_rows(weight_rows_of(w_, kept_, c0, w)).unit);
+    });
+  }
+
+  void finish_weight_rows(at::Tensor& grad_rows, int64_t begin, int64_t width,
+                          const LogitChunk* chunk) const override {
+    if (chunk != nullptr) {
+      const auto& rows = std::any_cast<const MarginColumns&>(chunk->state).weight_rows;
+      if (rows.has_value()) return normalize_backward_(grad_rows, *rows);
     }
-    saved_blocks.push_back(combine_over_group(block, stats, options, kWithGradients));
-    if (compute) {
-      const CrossEntropyBackwardSetup coefs = prepare_cross_entropy_backward(
-          one, saved_blocks.back(), target_flat.narrow(0, begin, count), std::nullopt, coef_options,
-          weight.size(0), acc, kWithGradients);
-      // block.target_local: the targets among the loss's columns (kept ones).
-      kernels.softmax_grad_inplace(values, 0, block.target_local, at::Tensor(), coefs.coefs);
-      update_target_entries_(values, target_columns(block.target_local, 0, columns),
-                             [&](const at::Tensor& g) { return g.to(at::kDouble) * slope; });
-      values.mul_(margin.scale);
-      for (int64_t c0 = 0; c0 < columns; c0 += chunk_size) {
-        const int64_t width = std::min(chunk_size, columns - c0);
-        const at::Tensor g = values.narrow(1, c0, width);
-        if (output_mask[0]) {
-          const at::Tensor w_unit = normalize_rows(weight_rows_of(w, kept, c0, width)).unit;
-          at::Tensor rows_of_grad = grad_unit.narrow(0, begin, count);
-          if (g.scalar_type() == acc) {
-            rows_of_grad.addmm_(g, w_unit);
-          } else {
-            rows_of_grad.add_(at::mm(g, w_unit));
-          }
-        }
-        if (output_mask[1]) {
-          at::Tensor rows_of_grad = grad_weight.narrow(0, c0, width);
-          if (begin == 0) {
-            at::mm_out(rows_of_grad, g.t(), xb);
-          } else {
-            rows_of_grad.addmm_(g.t(), xb);
-          }
-        }
-      }
-    }
-    // Each rank's classes contribute a part; the sum travels while the last
-    // weight rows are normalised back.
-    if (begin + count >= rows && output_mask[0]) {
-      pending_reduce = comm::communicator_for(group, input.device(), kWithGradients)
-                           ->all_reduce_async(grad_unit);
+    for_each_chunk(begin, width, [&](int64_t c0, int64_t w) {
+      at::Tensor rows_of_grad = grad_rows.narrow(0, c0 - begin, w);
+      normalize_backward_(rows_of_grad, normalize_rows(weight_rows_of(w_, kept_, c0, w)));
+    });
+  }
+
+  void finish_input(at::Tensor& grad_x) const override { normalize_backward_(grad_x, x_); }
+
+ private:
+  template <typename F>
+  void for_each_chunk(int64_t begin, int64_t width, F f) const {
+    for (int64_t c0 = begin; c0 < begin + width; c0 += chunk_size_) {
+      f(c0, std::min(chunk_size_, begin + width - c0));
     }
   }
-  if (output_mask[1] && compute) {
-    for (int64_t c0 = 0; c0 < columns; c0 += chunk_size) {
-      const int64_t width = std::min(chunk_size, columns - c0);
-      at::Tensor rows_of_grad = grad_weight.narrow(0, c0, width);
-      normalize_backward_(rows_of_grad, normalize_rows(weight_rows_of(w, kept, c0, width)));
-    }
-  }
-  at::Tensor grad_input;
-  if (output_mask[0]) {
-    pending_reduce->wait();
-    normalize_backward_(grad_unit, x);
-    grad_input = grad_unit.to(input.scalar_type()).view(input.sizes());
-  }
-  at::Tensor saved = join_saved_row_blocks(saved_blocks);
-  if (!one_block && options.reduction == 1) {
-    const at::Tensor factor = mean_divisor_factor(saved);
-    for (at::Tensor* g : {&grad_input, &grad_weight}) {
-      if (g->defined()) g->mul_(factor);
-    }
-  }
-  at::Tensor loss = reduce_loss(saved, target, options, input.scalar_type());
-  return {loss, saved, grad_input, grad_weight};
-}
+
+  NormalizedRows x_;
+  at::Tensor w_, kept_;
+  MarginOptions margin_;
+  int64_t chunk_size_;
+};
 
 // The kept classes as row indices of the weight. On CUDA their check is not
 // read before use (use_kept_classes): clamped, so that bad ones index rows
@@ -337,29 +318,21 @@ MarginForwardSetup prepare_margin_forward(const at::Tensor& input, const at::Ten
   return prepared;
 }
 
-// The loss's statistics chunk by chunk (only one chunk of logits lives at a
-// time), combined over the group -> (loss, row_stats).
-std::tuple<at::Tensor, at::Tensor> margin_forward_by_chunks(
-    const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target,
-    const MarginOptions& margin, const CrossEntropyOptions& options,
-    const MarginForwardSetup& prepared, int64_t chunk_size, const CrossEntropyKernels& kernels,
-    const char* op) {
-  const CrossEntropyForwardSetup& setup = prepared.setup;
-  const int64_t rows = setup.target_flat.size(0), columns = setup.layout.local;
-  const NormalizedRows x = normalize_rows(x_rows(input, rows));
-  const at::Tensor w = weight.contiguous();
-  at::Tensor stats = fresh_row_stats(rows, setup, input.device());
-  for (int64_t begin = 0; setup.check.code == LocalCheck::kOk && begin < columns;
-       begin += chunk_size) {
-    const int64_t width = std::min(chunk_size, columns - begin);
-    const MarginChunk chunk =
-        margin_chunk(x.unit, w, prepared.kept, begin, width, setup.target_local, margin);
-    kernels.accumulate_row_stats(chunk.logits, begin, setup.target_local, at::Tensor(), stats,
-                                 at::Tensor());
+// The backward's coefficients and targets, the targets as columns of the kept
+// classes where sampled.
+CrossEntropyBackwardSetup margin_backward_setup(const at::Tensor& grad_loss,
+                                                const at::Tensor& row_stats,
+                                                const at::Tensor& target,
+                                                const CrossEntropyOptions& options,
+                                                const std::optional<at::Tensor>& sampled_classes,
+                                                int64_t local, at::ScalarType acc, const char* op) {
+  CrossEntropyBackwardSetup setup = prepare_cross_entropy_backward(
+      grad_loss, row_stats, target, std::nullopt, options, local, acc, op);
+  if (is_sampled(sampled_classes)) {
+    setup.target_local =
+        targets_among_kept(sampled_classes->contiguous(), setup.target_local).target;
   }
-  at::Tensor saved = combine_over_group(setup, stats, options, op);
-  at::Tensor loss = reduce_loss(saved, target, options, input.scalar_type());
-  return {loss, saved};
+  return setup;
 }
 
 }  // namespace
@@ -372,8 +345,10 @@ std::tuple<at::Tensor, at::Tensor> parallel_linear_margin_cross_entropy_forward_
   const MarginForwardSetup prepared =
       prepare_margin_forward(input, weight, target, margin, options, sampled_classes, chunk_size,
                              group, num_classes, kMarginForward);
-  return margin_forward_by_chunks(input, weight, target, margin, options, prepared, chunk_size,
-                                  kernels, kMarginForward);
+  const MarginHead head(input, weight, prepared.kept, margin, prepared.setup.target_flat.size(0),
+                        chunk_size);
+  return fused_head_forward_by_chunks(head, input, target, options, prepared.setup, chunk_size,
+                                      kernels, kMarginForward);
 }
 
 std::tuple<at::Tensor, at::Tensor> parallel_linear_margin_cross_entropy_backward_impl(
@@ -385,68 +360,17 @@ std::tuple<at::Tensor, at::Tensor> parallel_linear_margin_cross_entropy_backward
   check_margin_options(margin, kMarginBackward);
   TORCH_CHECK(chunk_size >= 1, kMarginBackward, ": chunk_size must be >= 1, got ", chunk_size);
   const int64_t rows = leading_rows(input).guard_int(__FILE__, __LINE__);
-  const int64_t features = weight.size(1);
   check_saved_row_stats(row_stats, rows, kMarginBackward);
   const at::ScalarType acc = cross_entropy_accumulate_type(input.scalar_type());
-  CrossEntropyBackwardSetup setup = prepare_cross_entropy_backward(
-      grad_loss, row_stats, target, std::nullopt, options, weight.size(0), acc, kMarginBackward);
   at::Tensor kept;
-  int64_t columns = weight.size(0);
-  if (is_sampled(sampled_classes)) {
-    setup.target_local =
-        targets_among_kept(sampled_classes->contiguous(), setup.target_local).target;
-    kept = kept_row_indices(*sampled_classes, weight.size(0));
-    columns = kept.size(0);
-  }
-
-  NormalizedRows x = normalize_rows(x_rows(input, rows));
-  const at::Tensor w = weight.contiguous();
-  // The gradient of the unit input rows, summed over chunks (and ranks) in
-  // the stats dtype, so that reduced-precision inputs keep small chunks'
-  // contributions.
-  at::Tensor grad_unit, grad_weight;
-  if (output_mask[0]) grad_unit = at::zeros({rows, features}, x.unit.options().dtype(acc));
-  if (output_mask[1]) grad_weight = at::empty({columns, features}, w.options());
-  std::shared_ptr<comm::CommHandle> pending_reduce;
-  auto reduce_grad_unit = [&] {
-    pending_reduce =
-        comm::communicator_for(group, input.device(), kMarginBackward)->all_reduce_async(grad_unit);
-  };
-  for (int64_t begin = 0; begin < columns; begin += chunk_size) {
-    const int64_t width = std::min(chunk_size, columns - begin);
-    MarginChunk chunk = margin_chunk(x.unit, w, kept, begin, width, setup.target_local, margin);
-    at::Tensor& grad = chunk.logits;  // d loss / d logits, then d loss / d cos, in place
-    kernels.softmax_grad_inplace(grad, begin, setup.target_local, at::Tensor(), setup.coefs);
-    update_target_entries_(grad, chunk.at_target, [&](const at::Tensor& g) {
-      return g.to(at::kDouble) * chunk.target_slope;
-    });
-    grad.mul_(margin.scale);
-    const at::Tensor& w_unit = chunk.weight_rows.unit;
-    if (output_mask[0]) {
-      if (grad.scalar_type() == acc) {
-        grad_unit.addmm_(grad, w_unit);
-      } else {
-        grad_unit.add_(at::mm(grad, w_unit));
-      }
-      // Each rank's classes contribute a part; the sum travels while the last
-      // chunk's weight gradient is computed.
-      if (begin + chunk_size >= columns) reduce_grad_unit();
-    }
-    if (output_mask[1]) {
-      // Written in place: a row slice of the contiguous gradient is contiguous.
-      at::Tensor rows_of_grad = grad_weight.narrow(0, begin, width);
-      at::mm_out(rows_of_grad, grad.t(), x.unit);
-      normalize_backward_(rows_of_grad, chunk.weight_rows);
-    }
-  }
-  at::Tensor grad_input;
-  if (output_mask[0]) {
-    if (!pending_reduce) reduce_grad_unit();  // no class here: still join the sum
-    pending_reduce->wait();
-    normalize_backward_(grad_unit, x);
-    grad_input = grad_unit.to(input.scalar_type()).view(input.sizes());
-  }
-  return {grad_input, grad_weight};
+  if (is_sampled(sampled_classes)) kept = kept_row_indices(*sampled_classes, weight.size(0));
+  const MarginHead head(input, weight, kept, margin, rows, chunk_size);
+  const FusedHeadResult grads = fused_head_backward_by_chunks(
+      head, input,
+      margin_backward_setup(grad_loss, row_stats, target, options, sampled_classes, weight.size(0),
+                            acc, kMarginBackward),
+      chunk_size, group, {output_mask[0], output_mask[1], false}, kernels, kMarginBackward);
+  return {grads.grad_input, grads.grad_weight};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
@@ -458,37 +382,32 @@ parallel_linear_margin_cross_entropy_forward_with_gradients_impl(
     const CrossEntropyKernels& kernels) {
   TORCH_CHECK(options.reduction != 0, kWithGradients,
               ": needs reduction mean or sum (a scalar loss), got reduction none");
-  const int64_t rows = leading_rows(input).guard_int(__FILE__, __LINE__);
   const MarginForwardSetup prepared =
       prepare_margin_forward(input, weight, target, margin, options, sampled_classes, chunk_size,
                              group, num_classes, kWithGradients);
   const CrossEntropyForwardSetup& setup = prepared.setup;
-  const at::Tensor& kept = prepared.kept;
-  // Decided from the most columns any rank brings, so that every rank makes
-  // the same collectives: the largest shard, or with sampling (where ranks
-  // keep different counts) the largest count kept, one tiny all-gather.
-  int64_t most_columns = 0;
-  if (kept.defined()) {
+  // The most columns any rank brings, which every rank must know alike: the
+  // largest shard, or with sampling (where ranks keep different counts) the
+  // largest count kept, one tiny all-gather.
+  int64_t max_columns = 0;
+  if (prepared.kept.defined()) {
     for (int64_t n :
          comm::exchange_sizes(*setup.communicator, setup.layout.local, input.device())) {
-      most_columns = std::max(most_columns, n);
+      max_columns = std::max(max_columns, n);
     }
   } else {
-    most_columns = topology::shard_size(setup.layout.num_classes, setup.communicator->size(), 0);
+    max_columns = topology::shard_size(setup.layout.num_classes, setup.communicator->size(), 0);
   }
-  const int64_t block_rows =
-      parallel_linear_cross_entropy_gradient_block_rows(rows, most_columns, chunk_size);
-  if (block_rows > 0) {
-    return margin_by_row_blocks(input, weight, target, margin, options, kept, setup, block_rows,
-                                chunk_size, group, output_mask, kernels);
-  }
-  // Blocks would be too thin: the logits computed twice, chunk by chunk.
-  auto [loss, saved] = margin_forward_by_chunks(input, weight, target, margin, options, prepared,
-                                                chunk_size, kernels, kWithGradients);
-  auto [grad_input, grad_weight] = parallel_linear_margin_cross_entropy_backward_impl(
-      at::ones({}, input.options().dtype(at::kDouble)), input, weight, saved, target, margin,
-      options, sampled_classes, chunk_size, group, output_mask, kernels);
-  return {loss, saved, grad_input, grad_weight};
+  const MarginHead head(input, weight, prepared.kept, margin, setup.target_flat.size(0),
+                        chunk_size);
+  const FusedHeadResult out = fused_head_forward_with_gradients(
+      head, input, target, options, setup, max_columns, chunk_size, group,
+      {output_mask[0], output_mask[1], false}, kernels, kWithGradients,
+      [&](const at::Tensor& grad_loss, const at::Tensor& row_stats) {
+        return margin_backward_setup(grad_loss, row_stats, target, options, sampled_classes,
+                                     weight.size(0), setup.acc, kWithGradients);
+      });
+  return {out.loss, out.row_stats, out.grad_input, out.grad_weight};
 }
 
 }  // namespace ops

@@ -1,7 +1,7 @@
 // Under torch.autocast the margin loss runs in float32, as the other losses
-// do (parallel_cross_entropy_autocast.cpp): a reduced-precision embedding or
-// weight is cast up, the loss comes back float32, and the gradients flow back
-// through the casts in the callers' dtypes.
+// do (parallel_cross_entropy_autocast.cpp, parallel_linear_cross_entropy_autocast.cpp): a
+// reduced-precision embedding or weight is cast up, the loss comes back float32, and the gradients
+// flow back through the casts in the callers' dtypes.
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <torch/autograd.h>

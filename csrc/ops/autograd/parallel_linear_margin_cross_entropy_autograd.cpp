@@ -11,10 +11,9 @@
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
-#include <torch/csrc/autograd/graph_task.h>
 #include <torch/library.h>
 
-#include <shardtorch/ops/parallel_linear_cross_entropy.h>
+#include "ops/autograd/gradients_in_forward.h"
 #include <shardtorch/ops/parallel_linear_margin_cross_entropy.h>
 
 namespace shardtorch {
@@ -77,19 +76,9 @@ class ParallelLinearMarginCrossEntropyFunction
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     variable_list result(16);
     if (ctx->saved_data["gradients_in_forward"].toBool()) {
-      if (!grads[0].defined()) return result;
-      TORCH_CHECK(!at::GradMode::is_enabled(),
-                  "shard::parallel_linear_margin_cross_entropy: differentiating its gradient "
-                  "(create_graph=True) is not supported");
       auto saved = ctx->get_saved_variables();
-      // Scaled in place unless the graph is kept for another backward.
-      const bool in_place = !torch::autograd::get_current_graph_task_keep_graph();
-      for (int i = 0; i < 2; ++i) {
-        if (saved[i].defined()) {
-          result[i] =
-              ops::parallel_linear_cross_entropy_apply_upstream(saved[i], grads[0], in_place);
-        }
-      }
+      scale_gradients_from_forward(result, saved, 2, grads[0],
+                                   "shard::parallel_linear_margin_cross_entropy");
       if (result[1].defined() && saved[2].defined()) {
         result[1] =
             kept_rows_gradient(result[1], saved[2], ctx->saved_data["weight_sizes"].toIntVector());

@@ -1,6 +1,7 @@
-// Parallel cross-entropy on CPU: the row passes as ATen operations over
-// blocks of rows (accumulated in float32, float64 for float64 logits), Gloo for
-// the collectives, ATen's matrix products for the fused classifier.
+// The cross-entropy kernels on CPU, for parallel_cross_entropy,
+// parallel_linear_cross_entropy and parallel_linear_margin_cross_entropy: the row passes as ATen
+// operations over blocks of rows (accumulated in float32, float64 for float64 logits), Gloo for the
+// collectives, ATen's matrix products for the fused classifier.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <torch/library.h>
@@ -9,6 +10,7 @@
 
 #include "ops/cross_entropy_kernel_adapter.h"
 #include "ops/cross_entropy_kernels.h"
+#include "ops/margin_cross_entropy_kernel_adapter.h"
 
 namespace shardtorch {
 namespace ops {
@@ -146,8 +148,12 @@ class CpuCrossEntropyKernels final : public CrossEntropyKernels {
 
 }  // namespace
 
+// The three losses that run on these kernels, each with its internal ops.
 TORCH_LIBRARY_IMPL(shard, CPU, m) {
-  CrossEntropyKernelAdapter<CpuCrossEntropyKernels>::register_kernels(m);
+  CrossEntropyKernelAdapter<CpuCrossEntropyKernels>::register_parallel_cross_entropy(m);
+  CrossEntropyKernelAdapter<CpuCrossEntropyKernels>::register_parallel_linear_cross_entropy(m);
+  MarginCrossEntropyKernelAdapter<
+      CpuCrossEntropyKernels>::register_parallel_linear_margin_cross_entropy(m);
 }
 
 }  // namespace ops

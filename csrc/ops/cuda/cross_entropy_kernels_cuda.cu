@@ -22,6 +22,7 @@
 
 #include "ops/cross_entropy_kernel_adapter.h"
 #include "ops/cross_entropy_kernels.h"
+#include "ops/margin_cross_entropy_kernel_adapter.h"
 #include "ops/cuda/cublaslt_gemm.h"
 
 namespace shardtorch {
@@ -321,8 +322,12 @@ class CudaCrossEntropyKernels final : public CrossEntropyKernels {
 
 }  // namespace
 
+// The three losses that run on these kernels, each with its internal ops.
 TORCH_LIBRARY_IMPL(shard, CUDA, m) {
-  CrossEntropyKernelAdapter<CudaCrossEntropyKernels>::register_kernels(m);
+  CrossEntropyKernelAdapter<CudaCrossEntropyKernels>::register_parallel_cross_entropy(m);
+  CrossEntropyKernelAdapter<CudaCrossEntropyKernels>::register_parallel_linear_cross_entropy(m);
+  MarginCrossEntropyKernelAdapter<
+      CudaCrossEntropyKernels>::register_parallel_linear_margin_cross_entropy(m);
 }
 
 }  // namespace ops

@@ -1,0 +1,262 @@
+#include "ops/fused_head_driver.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "comm/registry.h"
+
+namespace shardtorch {
+namespace ops {
+namespace {
+
+// The targets' part of a tile, the same for every head: the per-row
+// statistics of a tile's logits, and d loss / d logits in place from the
+// coefficients. (A target given as class probabilities changes these two.)
+void add_row_statistics(const CrossEntropyKernels& kernels, const at::Tensor& logits, int64_t begin,
+                        const at::Tensor& target_local, const at::Tensor& weight_local,
+                        const at::Tensor& stats) {
+  kernels.accumulate_row_stats(logits, begin, target_local, weight_local, stats, at::Tensor());
+}
+
+void softmax_gradient(const CrossEntropyKernels& kernels, const at::Tensor& values, int64_t begin,
+                      const at::Tensor& target_local, const at::Tensor& weight_local,
+                      const at::Tensor& coefs) {
+  kernels.softmax_grad_inplace(values, begin, target_local, weight_local, coefs);
+}
+
+// The gradients of one tile (rows of `x`, columns [begin, begin + width)),
+// into rows [row_begin, row_begin + rows) of the input gradient and columns
+// [begin, begin + width) of the weight and bias gradients. `first_rows`: the
+// tile is the first to write its columns' weight gradient.
+class TileGradients {
+ public:
+  TileGradients(const FusedHead& head, const at::Tensor& input, const at::ScalarType acc,
+                std::array<bool, 3> output_mask, const std::string& group, const char* op)
+      : head_(head), input_(input), group_(group), op_(op) {
+    const int64_t rows = head.x_rows().size(0), features = head.x_rows().size(1);
+    const int64_t columns = head.columns();
+    // The input gradient is summed over tiles in the stats dtype, so that
+    // reduced-precision inputs do not lose small tiles' contributions.
+    if (output_mask[0]) {
+      grads_.input = at::zeros({rows, features}, head.x_rows().options().dtype(acc));
+    }
+    if (output_mask[1]) grads_.weight = at::empty({columns, features}, head.weight_options());
+    if (output_mask[2] && head.has_bias()) {
+      grads_.bias = at::zeros({columns}, head.weight_options().dtype(acc));
+    }
+  }
+
+  FusedHeadGradients& gradients() { return grads_; }
+
+  void add(LogitChunk& chunk, const at::Tensor& x, int64_t row_begin, int64_t begin, int64_t width,
+           const at::Tensor& target_local, bool first_rows, bool last_tile) {
+    head_.logit_gradient(chunk, begin, width, target_local);
+    if (grads_.bias.defined()) {
+      at::Tensor bias_rows = grads_.bias.narrow(0, begin, width);
+      if (first_rows) {
+        at::sum_out(bias_rows, chunk.values, at::IntArrayRef{0});
+      } else {
+        bias_rows.add_(chunk.values.sum(0));
+      }
+    }
+    // The gradient GEMMs run in the head's GEMM dtype (tensor cores for
+    // float16/bfloat16), the input gradient accumulating in the stats dtype.
+    if (chunk.values.scalar_type() != x.scalar_type()) {
+      chunk.values = chunk.values.to(x.scalar_type());
+    }
+    const at::Tensor& grad = chunk.values;
+    if (grads_.input.defined()) {
+      at::Tensor rows_of_grad = grads_.input.narrow(0, row_begin, x.size(0));
+      head_.add_input_gradient(rows_of_grad, grad, begin, width, chunk);
+      // Each rank's columns contribute a part of the input gradient; the sum
+      // travels while the last tile's weight gradient is computed.
+      if (last_tile) join_input_sum();
+    }
+    // Written in place: a row slice of the contiguous gradient is contiguous,
+    // so no temporary of the weight's size.
+    if (grads_.weight.defined()) {
+      at::Tensor rows_of_grad = grads_.weight.narrow(0, begin, width);
+      if (first_rows) {
+        at::mm_out(rows_of_grad, grad.t(), x);
+      } else {
+        rows_of_grad.addmm_(grad.t(), x);
+      }
+    }
+  }
+
+  // Every rank joins the input gradient's sum once, with columns or without.
+  void join_input_sum() {
+    if (grads_.input.defined() && !pending_) {
+      pending_ =
+          comm::communicator_for(group_, input_.device(), op_)->all_reduce_async(grads_.input);
+    }
+  }
+
+  // Waits for the sum, finishes the input gradient, and scales every
+  // gradient by `factor` (0-d, or undefined for none) before the casts.
+  FusedHeadResult finish(const at::Tensor& factor) {
+    join_input_sum();
+    if (pending_) pending_->wait();
+    if (grads_.input.defined()) head_.finish_input(grads_.input);
+    FusedHeadResult out;
+    for (at::Tensor* g : {&grads_.input, &grads_.weight, &grads_.bias}) {
+      if (factor.defined() && g->defined()) g->mul_(factor);
+    }
+    if (grads_.input.defined()) {
+      out.grad_input = grads_.input.to(input_.scalar_type()).view(input_.sizes());
+    }
+    out.grad_weight = grads_.weight;
+    if (grads_.bias.defined()) {
+      out.grad_bias = grads_.bias.to(c10::typeMetaToScalarType(head_.weight_options().dtype()));
+    }
+    return out;
+  }
+
+ private:
+  const FusedHead& head_;
+  const at::Tensor& input_;
+  const std::string& group_;
+  const char* op_;
+  FusedHeadGradients grads_;
+  std::shared_ptr<comm::CommHandle> pending_;
+};
+
+// Blocks of rows, each holding all of this rank's columns: a block's
+// statistics are combined over the group (one all-gather per block), then
+// its logits become their gradient in place and go into the input and weight
+// gradients. Three GEMMs per row, none recomputed.
+FusedHeadResult by_row_blocks(const FusedHead& head, const at::Tensor& input,
+                              const at::Tensor& target, const CrossEntropyOptions& options,
+                              const CrossEntropyForwardSetup& setup, int64_t block_rows,
+                              const std::string& group, std::array<bool, 3> output_mask,
+                              const CrossEntropyKernels& kernels, const char* op) {
+  const int64_t rows = setup.target_flat.size(0), columns = head.columns();
+  const at::Tensor& x = head.x_rows();
+  // One block knows the mean's divisor when its coefficients are made; blocks
+  // sum their gradients and divide once at the end.
+  const bool one_block = block_rows >= rows;
+  CrossEntropyOptions coef_options = options;
+  if (!one_block) coef_options.reduction = 2;
+  const at::Tensor one = at::ones({}, x.options().dtype(at::kDouble));
+  const at::Tensor target_flat = target.reshape({rows});
+  const bool compute = columns > 0 && setup.check.code == LocalCheck::kOk;
+
+  TileGradients tiles(head, input, setup.acc, output_mask, group, op);
+  std::vector<at::Tensor> saved_blocks;
+  for (int64_t begin = 0; begin < rows; begin += block_rows) {
+    const int64_t count = std::min(block_rows, rows - begin);
+    const CrossEntropyForwardSetup block = rows_of_setup(setup, begin, count);
+    const at::Tensor xb = x.narrow(0, begin, count);
+    at::Tensor stats = fresh_row_stats(count, block, input.device());
+    LogitChunk chunk;
+    if (compute) {
+      chunk = head.logits(xb, 0, columns, block.target_local);
+      add_row_statistics(kernels, chunk.values, 0, block.target_local, block.weight_local, stats);
+    }
+    saved_blocks.push_back(combine_over_group(block, stats, options, op));
+    if (compute) {
+      const at::Tensor coefs = prepare_cross_entropy_backward(
+                                   one, saved_blocks.back(), target_flat.narrow(0, begin, count),
+                                   std::nullopt, coef_options, columns, setup.acc, op)
+                                   .coefs;
+      softmax_gradient(kernels, chunk.values, 0, block.target_local, block.weight_local, coefs);
+      tiles.add(chunk, xb, begin, 0, columns, block.target_local, begin == 0,
+                begin + count >= rows);
+    }
+  }
+  tiles.join_input_sum();
+  if (compute && tiles.gradients().weight.defined()) {
+    head.finish_weight_rows(tiles.gradients().weight, 0, columns, nullptr);
+  }
+  at::Tensor saved = join_saved_row_blocks(saved_blocks);
+  at::Tensor factor;
+  if (!one_block && options.reduction == 1) factor = mean_divisor_factor(saved);
+  FusedHeadResult out = tiles.finish(factor);
+  out.loss = reduce_loss(saved, target, options, input.scalar_type());
+  out.row_stats = saved;
+  return out;
+}
+
+}  // namespace
+
+int64_t fused_head_gradient_block_rows(int64_t rows, int64_t max_columns, int64_t chunk_size) {
+  if (rows <= 0) return 0;
+  const int64_t budget = std::max(rows * chunk_size, kGradientBlockMinElements);
+  const int64_t fit = max_columns > 0 ? budget / max_columns : rows;
+  if (fit >= rows) return rows;
+  if (fit < kGradientBlockMinRows) return 0;
+  const int64_t blocks = (rows + fit - 1) / fit;
+  return (rows + blocks - 1) / blocks;  // blocks of even size
+}
+
+std::tuple<at::Tensor, at::Tensor> fused_head_forward_by_chunks(
+    const FusedHead& head, const at::Tensor& input, const at::Tensor& target,
+    const CrossEntropyOptions& options, const CrossEntropyForwardSetup& setup, int64_t chunk_size,
+    const CrossEntropyKernels& kernels, const char* op) {
+  const int64_t rows = setup.target_flat.size(0), columns = head.columns();
+  at::Tensor stats = fresh_row_stats(rows, setup, input.device());
+  for (int64_t begin = 0; setup.check.code == LocalCheck::kOk && begin < columns;
+       begin += chunk_size) {
+    const int64_t width = std::min(chunk_size, columns - begin);
+    const LogitChunk chunk = head.logits(head.x_rows(), begin, width, setup.target_local);
+    add_row_statistics(kernels, chunk.values, begin, setup.target_local, setup.weight_local, stats);
+  }
+  at::Tensor saved = combine_over_group(setup, stats, options, op);
+  at::Tensor loss = reduce_loss(saved, target, options, input.scalar_type());
+  return {loss, saved};
+}
+
+FusedHeadResult fused_head_backward_by_chunks(const FusedHead& head, const at::Tensor& input,
+                                              const CrossEntropyBackwardSetup& setup,
+                                              int64_t chunk_size, const std::string& group,
+                                              std::array<bool, 3> output_mask,
+                                              const CrossEntropyKernels& kernels, const char* op) {
+  const int64_t columns = head.columns();
+  const at::Tensor& x = head.x_rows();
+  TileGradients tiles(head, input, cross_entropy_accumulate_type(input.scalar_type()), output_mask,
+                      group, op);
+  for (int64_t begin = 0; begin < columns; begin += chunk_size) {
+    const int64_t width = std::min(chunk_size, columns - begin);
+    LogitChunk chunk = head.logits(x, begin, width, setup.target_local);
+    softmax_gradient(kernels, chunk.values, begin, setup.target_local, setup.weight_local,
+                     setup.coefs);
+    tiles.add(chunk, x, 0, begin, width, setup.target_local, /*first_rows=*/true,
+              begin + chunk_size >= columns);
+    if (tiles.gradients().weight.defined()) {
+      at::Tensor rows_of_grad = tiles.gradients().weight.narrow(0, begin, width);
+      head.finish_weight_rows(rows_of_grad, begin, width, &chunk);
+    }
+  }
+  return tiles.finish(at::Tensor());
+}
+
+FusedHeadResult fused_head_forward_with_gradients(
+    const FusedHead& head, const at::Tensor& input, const at::Tensor& target,
+    const CrossEntropyOptions& options, const CrossEntropyForwardSetup& setup, int64_t max_columns,
+    int64_t chunk_size, const std::string& group, std::array<bool, 3> output_mask,
+    const CrossEntropyKernels& kernels, const char* op,
+    const std::function<CrossEntropyBackwardSetup(const at::Tensor& grad_loss,
+                                                  const at::Tensor& row_stats)>& backward_setup) {
+  const int64_t rows = setup.target_flat.size(0);
+  const int64_t block_rows = fused_head_gradient_block_rows(rows, max_columns, chunk_size);
+  if (block_rows > 0) {
+    return by_row_blocks(head, input, target, options, setup, block_rows, group, output_mask,
+                         kernels, op);
+  }
+  // Too many columns for a block of rows within the memory bound: the logits
+  // are computed twice, chunk by chunk, as the separate backward would.
+  auto [loss, saved] =
+      fused_head_forward_by_chunks(head, input, target, options, setup, chunk_size, kernels, op);
+  FusedHeadResult out = fused_head_backward_by_chunks(
+      head, input, backward_setup(at::ones({}, input.options().dtype(at::kDouble)), saved),
+      chunk_size, group, output_mask, kernels, op);
+  out.loss = loss;
+  out.row_stats = saved;
+  return out;
+}
+
+}  // namespace ops
+}  // namespace shardtorch
