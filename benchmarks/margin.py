@@ -317,7 +317,8 @@ def _report(args, ranks, source, optim):
         # Each step ends at a barrier: the slower rank's time is the step's.
         theirs = max(rr_row[theirs_name] for rr_row in _seconds_of(ranks, r))
         ours = max(rr_row["shardtorch"] for rr_row in _seconds_of(ranks, r))
-        floor = max(_row_of(rr, r)["floor_seconds"] for rr in ranks)
+        # The floor is a least time: the faster rank's (the machine's noise only adds).
+        floor = min(_row_of(rr, r)["floor_seconds"] for rr in ranks)
         l_ours, l_theirs = r["step0_loss"]["shardtorch"], r["step0_loss"][theirs_name]
         lines.append(f"| {r['classes']:,} | {r['rate']:g} | {r['precision']} | {theirs * 1e3:,.0f} | "
                      f"{ours * 1e3:,.0f} | {ours / theirs:.2f} | {floor * 1e3:,.0f} | {ours / floor:.1f} | "
@@ -361,11 +362,19 @@ def main():
                         help="an insightface checkout or bare git repository (default $INSIGHTFACE)")
     parser.add_argument("--no-optimizer", action="store_true", help="skip the optimizer-alone measurement")
     parser.add_argument("--json", default=os.path.join(REPO, "benchmarks", "margin_step_results.json"))
+    parser.add_argument("--report", metavar="JSON", help="print the tables of an earlier run's JSON, run nothing")
     parser.add_argument("--insightface-src", help=argparse.SUPPRESS)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         _rank_main(args)
+        return
+    if args.report:
+        with open(args.report) as f:
+            saved = json.load(f)
+        args = parser.parse_args(saved["argv"])
+        args.json = None
+        _report(args, saved["ranks"], saved["source"], saved["optimizer"])
         return
     if any(p not in ("float32", "bf16") for p in args.precisions):
         parser.error(f"--precisions: float32 and/or bf16, got {args.precisions}")
