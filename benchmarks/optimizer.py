@@ -68,6 +68,38 @@ def _time_second_step(make, param, grad):
     return elapsed * 1e3
 
 
+def measure(rows, cols, kept, threads, repeats, kinds=("sgd", "adam"), before=None):
+    """The side-by-side medians (ms) on one [rows, cols] float32 parameter, per
+    optimizer kind and thread count; prints each line as it is measured.
+    ``before``: an earlier row_sparse module, or None."""
+    import shardtorch.optim as ours
+    generator = torch.Generator().manual_seed(0)
+    param = torch.nn.Parameter(torch.randn(rows, cols, generator=generator) * 0.01)
+    dense = torch.randn(rows, cols, generator=generator)
+    kept_rows = torch.randperm(rows, generator=generator)[:int(rows * kept)].sort().values
+    # What a sampled ParallelMarginLoss gives its weight: coalesced, sorted rows.
+    sparse = torch.sparse_coo_tensor(kept_rows.unsqueeze(0), dense[kept_rows], dense.shape).coalesce()
+
+    results = {"cpu": common.cpu_name(), "torch": torch.__version__, "shape": [rows, cols],
+               "kept": kept, "repeats": repeats, "ms": {}}
+    threads_before = torch.get_num_threads()
+    for n in threads:
+        torch.set_num_threads(n)
+        for kind in kinds:
+            methods = _methods(kind, ours, before, dense, sparse, kept)
+            times = {name: [] for name in methods}
+            for _ in range(repeats):
+                for name, (make, grad) in methods.items():
+                    times[name].append(_time_second_step(make, param, grad))
+            medians = {name: statistics.median(t) for name, t in times.items()}
+            results["ms"][f"{kind} threads={n}"] = medians
+            base = medians["torch dense"]
+            print(f"{kind} threads={n}: " + ", ".join(
+                f"{name} {ms:.1f} ms ({ms / base:.2f}x)" for name, ms in medians.items()), flush=True)
+    torch.set_num_threads(threads_before)
+    return results
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=500000)
@@ -79,30 +111,9 @@ def main():
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
-    import shardtorch.optim as ours
     before = _load_optim(args.before) if args.before else None
-    generator = torch.Generator().manual_seed(0)
-    param = torch.nn.Parameter(torch.randn(args.rows, args.cols, generator=generator) * 0.01)
-    dense = torch.randn(args.rows, args.cols, generator=generator)
-    kept_rows = torch.randperm(args.rows, generator=generator)[:int(args.rows * args.kept)].sort().values
-    # What a sampled ParallelMarginLoss gives its weight: coalesced, sorted rows.
-    sparse = torch.sparse_coo_tensor(kept_rows.unsqueeze(0), dense[kept_rows], dense.shape).coalesce()
-
-    results = {"cpu": common.cpu_name(), "torch": torch.__version__, "shape": [args.rows, args.cols],
-               "kept": args.kept, "repeats": args.repeats, "ms": {}}
-    for threads in [int(t) for t in args.threads.split(",")]:
-        torch.set_num_threads(threads)
-        for kind in ("sgd", "adam"):
-            methods = _methods(kind, ours, before, dense, sparse, args.kept)
-            times = {name: [] for name in methods}
-            for _ in range(args.repeats):
-                for name, (make, grad) in methods.items():
-                    times[name].append(_time_second_step(make, param, grad))
-            medians = {name: statistics.median(t) for name, t in times.items()}
-            results["ms"][f"{kind} threads={threads}"] = medians
-            base = medians["torch dense"]
-            print(f"{kind} threads={threads}: " + ", ".join(
-                f"{name} {ms:.1f} ms ({ms / base:.2f}x)" for name, ms in medians.items()), flush=True)
+    results = measure(args.rows, args.cols, args.kept, [int(t) for t in args.threads.split(",")], args.repeats,
+                      before=before)
     print(f"cpu: {results['cpu']}, torch {results['torch']}")
     if args.out:
         with open(args.out, "w") as f:
