@@ -70,9 +70,9 @@ def test_resume_continues_exactly(tmp_path, loss):
     resumed at the same size is test_elastic_restart.py's (bitwise parameters),
     and at other sizes test_resume_other_size.py's."""
     checkpoint = tmp_path / "ckpt"
-    straight, _ = _train(tmp_path, "straight", "--steps", "6", *loss)
-    _train(tmp_path, "first_half", "--steps", "3", "--save", checkpoint, *loss)
-    resumed, _ = _train(tmp_path, "resumed", "--steps", "6", "--resume", checkpoint, *loss)
+    # The straight run saves at step 3 on its way (as a run that stopped there would have).
+    straight, _ = _train(tmp_path, "straight", "--steps", "6", "--save", checkpoint, "--save-every", "3", *loss)
+    resumed, _ = _train(tmp_path, "resumed", "--steps", "6", "--resume", checkpoint / "step-3", *loss)
     assert sorted(resumed) == [3, 4, 5]
     for step in (3, 4, 5):
         assert resumed[step] == pytest.approx(straight[step], rel=1e-6, abs=1e-7), (step, resumed, straight)

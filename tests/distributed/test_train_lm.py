@@ -36,16 +36,19 @@ def cache_dir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("lm_cache"))
 
 
-def _train(tmp_path, cache_dir, name, *args, world=2):
+def _train(tmp_path, cache_dir, name, *args, world=2, compare=False):
+    """(losses, held-out losses, rank 0's output, every rank's output). ``compare``: the run also
+    measures the unsharded model, after its log and dump are written (it changes neither)."""
     log = tmp_path / f"{name}.json"
-    results = run_script(PROGRAM, world, [*TINY, "--cache-dir", cache_dir, "--log-json", log, *map(str, args)],
+    tiny = [a for a in TINY if a != "--no-compare"] if compare else TINY
+    results = run_script(PROGRAM, world, [*tiny, "--cache-dir", cache_dir, "--log-json", log, *map(str, args)],
                          timeout=600)
     for code, output in results:
         assert code == 0, output[-4000:]
     with open(log) as f:
         logged = json.load(f)
     return ({int(k): v for k, v in logged["train"].items()}, {int(k): v for k, v in logged["heldout"].items()},
-            results[0][1])
+            results[0][1], "".join(out for _, out in results))
 
 
 def test_help_documents_every_flag():
@@ -89,7 +92,7 @@ def _heldout_loss_unsharded(state_dict, cache_dir):
 def test_loss_falls_and_perplexity_is_exp_of_the_heldout_loss(tmp_path, cache_dir):
     dump = tmp_path / "final.pt"
     steps = 16
-    losses, heldout, output = _train(tmp_path, cache_dir, "run", "--steps", steps, "--eval-every", 8,
+    losses, heldout, output, _ = _train(tmp_path, cache_dir, "run", "--steps", steps, "--eval-every", 8,
                                      "--dump-params", dump)
     first, last = sum(losses[s] for s in range(3)) / 3, sum(losses[s] for s in range(steps - 3, steps)) / 3
     assert last < first - 0.5, losses  # from ln(512) = 6.24
@@ -105,16 +108,11 @@ def test_loss_falls_and_perplexity_is_exp_of_the_heldout_loss(tmp_path, cache_di
     print(f"held-out after {steps} steps: loss {expected:.4f}, perplexity {math.exp(expected):.2f}")
 
 
-def test_memory_report_per_rank(tmp_path, cache_dir):
+def test_memory_report_per_rank(plain_run):
     """Each rank reports its parameters (half the unsharded model's, less the
     replicated position embedding and norms) and its peak against the
-    unsharded model's, measured."""
-    args = [a for a in TINY if a != "--no-compare"]
-    results = run_script(PROGRAM, 2, [*args, "--cache-dir", cache_dir, "--steps", "2", "--eval-every", "0"],
-                         timeout=600)
-    output = "".join(out for _, out in results)
-    for code, out in results:
-        assert code == 0, out[-4000:]
+    unsharded model's, measured (by the plain run, which measures it last)."""
+    output = plain_run[2]
     for rank in (0, 1):
         found = re.search(rf"^\[rank {rank}\] parameters +([0-9.]+) MiB \(unsharded +([0-9.]+) MiB, ([0-9.]+)x\); "
                           rf"peak training memory +([0-9.]+) MiB \(unsharded +([0-9.]+) MiB, ([0-9.]+)x\)$",
@@ -125,18 +123,20 @@ def test_memory_report_per_rank(tmp_path, cache_dir):
 
 @pytest.fixture(scope="module")
 def plain_run(tmp_path_factory, cache_dir):
-    """(losses, held-out losses) of 4 plain steps, for the variants to match."""
-    losses, heldout, _ = _train(tmp_path_factory.mktemp("plain"), cache_dir, "plain", "--steps", 4,
-                                "--eval-every", 0)
-    return losses, heldout
+    """(losses, held-out losses, every rank's output) of 4 plain steps, for the
+    variant to match; it also measures the unsharded model for the memory report."""
+    losses, heldout, _, every_rank = _train(tmp_path_factory.mktemp("plain"), cache_dir, "plain", "--steps", 4,
+                                            "--eval-every", 0, compare=True)
+    return losses, heldout, every_rank
 
 
-@pytest.mark.parametrize("variant", [["--fused-loss"], ["--sequence-parallel"]])
+# Both in one run: each changes where the work happens, so either one wrong would show.
+@pytest.mark.parametrize("variant", [["--fused-loss", "--sequence-parallel"]])
 def test_variant_trains_like_the_plain_run(tmp_path, cache_dir, plain_run, variant):
     """The fused loss (logits never formed) and sequence parallelism change
     where the work happens, not the result: the same losses in float64."""
-    plain, plain_heldout = plain_run
-    other, other_heldout, _ = _train(tmp_path, cache_dir, "variant", "--steps", 4, "--eval-every", 0, *variant)
+    plain, plain_heldout, _ = plain_run
+    other, other_heldout, _, _ = _train(tmp_path, cache_dir, "variant", "--steps", 4, "--eval-every", 0, *variant)
     assert sorted(other) == sorted(plain) == [0, 1, 2, 3]
     for step in plain:
         assert other[step] == pytest.approx(plain[step], rel=1e-10), (step, other, plain)
@@ -150,9 +150,9 @@ def test_resume_continues_exactly(tmp_path, cache_dir):
     that checkpoint: the same losses and the same final parameters (float64:
     the model, AdamW's moments and the schedule all restored)."""
     checkpoint = tmp_path / "ckpt"
-    straight, _, _ = _train(tmp_path, cache_dir, "straight", "--steps", 6, "--eval-every", 0, "--save", checkpoint,
+    straight, _, _, _ = _train(tmp_path, cache_dir, "straight", "--steps", 6, "--eval-every", 0, "--save", checkpoint,
                             "--save-every", 3, "--dump-params", tmp_path / "straight.pt")
-    resumed, _, _ = _train(tmp_path, cache_dir, "resumed", "--steps", 6, "--eval-every", 0, "--resume",
+    resumed, _, _, _ = _train(tmp_path, cache_dir, "resumed", "--steps", 6, "--eval-every", 0, "--resume",
                            checkpoint / "step-3", "--dump-params", tmp_path / "resumed.pt")
     assert sorted(resumed) == [3, 4, 5]
     for step in (3, 4, 5):

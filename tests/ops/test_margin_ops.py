@@ -138,8 +138,9 @@ def test_peak_memory_is_bounded_whatever_the_classes():
 
         runs = ((run_fused, fused), (run_control, control))
         for run, peaks in runs if classes < 131072 else runs[:1]:
-            run()
-            w.grad = x.grad = None
+            if classes == 32768:  # warm up lazily allocated state once; at more classes it could only raise the peak
+                run()
+                w.grad = x.grad = None
             peaks[classes] = _peak_bytes_of(run) - w.numel() * w.element_size()
             w.grad = x.grad = None
     assert control[65536] - control[32768] >= rows * 32768 * 4, (fused, control)
