@@ -88,6 +88,8 @@ inline at::Tensor parallel_cross_entropy(const at::Tensor& input, const at::Tens
 // parallel_cross_entropy(input weight^T + bias, target) for a column-parallel
 // classifier (`weight` [local_classes, in_features], `bias` [local_classes] or
 // undefined, `input` whole on every rank), without materialising the logits.
+// `target` as parallel_cross_entropy's: class indices, or class probabilities
+// [*, local_classes] (sharded like the weight's classes) or [*, num_classes].
 inline at::Tensor parallel_linear_cross_entropy(
     const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias,
     const at::Tensor& target, const ParallelLinearCrossEntropyFuncOptions& options = {}) {

@@ -20,24 +20,13 @@ void check_leading_shape(const at::Tensor& input, const at::Tensor& target, cons
 }
 
 // target [*] int64 class indices on the input's device, shaped like the input
-// without its last dim. `probabilities_elsewhere`: the op takes a probability
-// target too (the message says which dtypes).
-void check_class_index_target(const at::Tensor& input, const at::Tensor& target, const char* op,
-                              bool probabilities_elsewhere) {
+// without its last dim (or, checked elsewhere, floating probabilities).
+void check_class_index_target(const at::Tensor& input, const at::Tensor& target, const char* op) {
   const int64_t leading_dims = input.dim() - 1;
-  if (probabilities_elsewhere) {
-    TORCH_CHECK(target.scalar_type() == at::kLong, op,
-                ": target must be int64 class indices [*] or floating class probabilities "
-                "[*, classes] (the logits' dtype or float32), got ",
-                target.scalar_type());
-  } else {
-    TORCH_CHECK(!at::isFloatingType(target.scalar_type()), op,
-                ": target must be int64 class indices: a probability (floating) target is "
-                "supported by shard::parallel_cross_entropy only, got ",
-                target.scalar_type());
-    TORCH_CHECK(target.scalar_type() == at::kLong, op, ": target must be int64, got ",
-                target.scalar_type());
-  }
+  TORCH_CHECK(target.scalar_type() == at::kLong, op,
+              ": target must be int64 class indices [*] or floating class probabilities "
+              "[*, classes] (the logits' dtype or float32), got ",
+              target.scalar_type());
   TORCH_CHECK(target.device() == input.device(), op, ": target must be on the input's device ",
               input.device(), ", got ", target.device());
   TORCH_CHECK(target.dim() == leading_dims, op, ": target must have the leading shape of the ",
@@ -92,7 +81,7 @@ void check_parallel_cross_entropy_args(const at::Tensor& logits, const at::Tenso
   if (is_probability_target(target)) {
     check_probability_target(logits, target, op);
   } else {
-    check_class_index_target(logits, target, op, /*probabilities_elsewhere=*/true);
+    check_class_index_target(logits, target, op);
   }
   check_class_weight(logits, weight, "weight", op);
 }
@@ -130,7 +119,11 @@ void check_parallel_linear_cross_entropy_args(const at::Tensor& input, const at:
                 bias->sym_sizes());
     check_same_dtype_device(weight, "weight", *bias, "bias", op);
   }
-  check_class_index_target(input, target, op, /*probabilities_elsewhere=*/false);
+  if (is_probability_target(target)) {
+    check_probability_target(input, target, op);
+  } else {
+    check_class_index_target(input, target, op);
+  }
   check_class_weight(input, class_weight, "class_weight", op);
 }
 

@@ -32,8 +32,8 @@ void check_parallel_cross_entropy_args(const at::Tensor& logits, const at::Tenso
                                        const CrossEntropyOptions& options, const char* op);
 
 // parallel_linear_cross_entropy(input [*, in_features], weight
-// [local_classes, in_features], bias?, target [*], class_weight?, chunk_size):
-// class indices only (a probability target is refused by name).
+// [local_classes, in_features], bias?, target, class_weight?, chunk_size):
+// target as parallel_cross_entropy's, the logits being [*, local_classes].
 void check_parallel_linear_cross_entropy_args(const at::Tensor& input, const at::Tensor& weight,
                                               const std::optional<at::Tensor>& bias,
                                               const at::Tensor& target,

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "comm/registry.h"
+#include "ops/probability_target.h"
 
 namespace shardtorch {
 namespace ops {
@@ -14,17 +15,26 @@ namespace {
 
 // The targets' part of a tile, the same for every head: the per-row
 // statistics of a tile's logits, and d loss / d logits in place from the
-// coefficients. (A target given as class probabilities changes these two.)
+// coefficients. A target given as class probabilities (probability_target.h)
+// adds its sums to the statistics and its term to the gradient; `probs` is
+// then this rank's columns of the tile's rows, else undefined.
 void add_row_statistics(const CrossEntropyKernels& kernels, const at::Tensor& logits, int64_t begin,
-                        const at::Tensor& target_local, const at::Tensor& weight_local,
-                        const at::Tensor& stats) {
-  kernels.accumulate_row_stats(logits, begin, target_local, weight_local, stats, at::Tensor());
+                        const CrossEntropyForwardSetup& setup, const at::Tensor& stats) {
+  kernels.accumulate_row_stats(logits, begin, setup.target_local, setup.weight_local, stats,
+                               at::Tensor());
+  if (setup.probability_target) {
+    accumulate_probability_stats(logits, begin, setup.target_probs, setup.weight_local, stats);
+  }
 }
 
 void softmax_gradient(const CrossEntropyKernels& kernels, const at::Tensor& values, int64_t begin,
                       const at::Tensor& target_local, const at::Tensor& weight_local,
-                      const at::Tensor& coefs) {
+                      const at::Tensor& probs, const at::Tensor& coefs) {
   kernels.softmax_grad_inplace(values, begin, target_local, weight_local, coefs);
+  if (probs.defined()) {
+    subtract_probability_gradient(values, begin, probs, weight_local,
+                                  coefs.select(1, kCoefTargetScale));
+  }
 }
 
 // The gradients of one tile (rows of `x`, columns [begin, begin + width)),
@@ -133,7 +143,7 @@ FusedHeadResult by_row_blocks(const FusedHead& head, const at::Tensor& input,
                               const CrossEntropyForwardSetup& setup, int64_t block_rows,
                               const std::string& group, std::array<bool, 3> output_mask,
                               const CrossEntropyKernels& kernels, const char* op) {
-  const int64_t rows = setup.target_flat.size(0), columns = head.columns();
+  const int64_t rows = setup.target_local.size(0), columns = head.columns();
   const at::Tensor& x = head.x_rows();
   // One block knows the mean's divisor when its coefficients are made; blocks
   // sum their gradients and divide once at the end.
@@ -141,7 +151,6 @@ FusedHeadResult by_row_blocks(const FusedHead& head, const at::Tensor& input,
   CrossEntropyOptions coef_options = options;
   if (!one_block) coef_options.reduction = 2;
   const at::Tensor one = at::ones({}, x.options().dtype(at::kDouble));
-  const at::Tensor target_flat = target.reshape({rows});
   const bool compute = columns > 0 && setup.check.code == LocalCheck::kOk;
 
   TileGradients tiles(head, input, setup.acc, output_mask, group, op);
@@ -154,15 +163,19 @@ FusedHeadResult by_row_blocks(const FusedHead& head, const at::Tensor& input,
     LogitChunk chunk;
     if (compute) {
       chunk = head.logits(xb, 0, columns, block.target_local);
-      add_row_statistics(kernels, chunk.values, 0, block.target_local, block.weight_local, stats);
+      add_row_statistics(kernels, chunk.values, 0, block, stats);
     }
     saved_blocks.push_back(combine_over_group(block, stats, options, op));
     if (compute) {
-      const at::Tensor coefs = prepare_cross_entropy_backward(
-                                   one, saved_blocks.back(), target_flat.narrow(0, begin, count),
-                                   std::nullopt, coef_options, columns, setup.acc, op)
-                                   .coefs;
-      softmax_gradient(kernels, chunk.values, 0, block.target_local, block.weight_local, coefs);
+      // A probability target's block is already this rank's columns (no copy).
+      const at::Tensor block_target =
+          setup.probability_target ? block.target_probs : block.target_flat;
+      const at::Tensor coefs =
+          prepare_cross_entropy_backward(one, saved_blocks.back(), block_target, std::nullopt,
+                                         coef_options, columns, setup.acc, op)
+              .coefs;
+      softmax_gradient(kernels, chunk.values, 0, block.target_local, block.weight_local,
+                       block.target_probs, coefs);
       tiles.add(chunk, xb, begin, 0, columns, block.target_local, begin == 0,
                 begin + count >= rows);
     }
@@ -196,13 +209,13 @@ std::tuple<at::Tensor, at::Tensor> fused_head_forward_by_chunks(
     const FusedHead& head, const at::Tensor& input, const at::Tensor& target,
     const CrossEntropyOptions& options, const CrossEntropyForwardSetup& setup, int64_t chunk_size,
     const CrossEntropyKernels& kernels, const char* op) {
-  const int64_t rows = setup.target_flat.size(0), columns = head.columns();
+  const int64_t rows = setup.target_local.size(0), columns = head.columns();
   at::Tensor stats = fresh_row_stats(rows, setup, input.device());
   for (int64_t begin = 0; setup.check.code == LocalCheck::kOk && begin < columns;
        begin += chunk_size) {
     const int64_t width = std::min(chunk_size, columns - begin);
     const LogitChunk chunk = head.logits(head.x_rows(), begin, width, setup.target_local);
-    add_row_statistics(kernels, chunk.values, begin, setup.target_local, setup.weight_local, stats);
+    add_row_statistics(kernels, chunk.values, begin, setup, stats);
   }
   at::Tensor saved = combine_over_group(setup, stats, options, op);
   at::Tensor loss = reduce_loss(saved, target, options, input.scalar_type());
@@ -222,7 +235,7 @@ FusedHeadResult fused_head_backward_by_chunks(const FusedHead& head, const at::T
     const int64_t width = std::min(chunk_size, columns - begin);
     LogitChunk chunk = head.logits(x, begin, width, setup.target_local);
     softmax_gradient(kernels, chunk.values, begin, setup.target_local, setup.weight_local,
-                     setup.coefs);
+                     setup.target_probs, setup.coefs);
     tiles.add(chunk, x, 0, begin, width, setup.target_local, /*first_rows=*/true,
               begin + chunk_size >= columns);
     if (tiles.gradients().weight.defined()) {
@@ -240,7 +253,7 @@ FusedHeadResult fused_head_forward_with_gradients(
     const CrossEntropyKernels& kernels, const char* op,
     const std::function<CrossEntropyBackwardSetup(const at::Tensor& grad_loss,
                                                   const at::Tensor& row_stats)>& backward_setup) {
-  const int64_t rows = setup.target_flat.size(0);
+  const int64_t rows = setup.target_local.size(0);
   const int64_t block_rows = fused_head_gradient_block_rows(rows, max_columns, chunk_size);
   if (block_rows > 0) {
     return by_row_blocks(head, input, target, options, setup, block_rows, group, output_mask,

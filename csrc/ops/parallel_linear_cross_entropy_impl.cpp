@@ -73,7 +73,7 @@ std::tuple<at::Tensor, at::Tensor> parallel_linear_cross_entropy_forward_impl(
   const CrossEntropyForwardSetup setup =
       prepare_cross_entropy_forward(group, input.device(), input.scalar_type(), weight.size(0),
                                     num_classes, target, class_weight, options, kFusedForward);
-  const LinearHead head(input, weight, bias, setup.target_flat.size(0), setup.acc, kernels);
+  const LinearHead head(input, weight, bias, setup.target_local.size(0), setup.acc, kernels);
   return fused_head_forward_by_chunks(head, input, target, options, setup, chunk_size, kernels,
                                       kFusedForward);
 }
@@ -111,15 +111,18 @@ parallel_linear_cross_entropy_forward_with_gradients_impl(
   const CrossEntropyForwardSetup setup = prepare_cross_entropy_forward(
       group, input.device(), input.scalar_type(), weight.size(0), num_classes, target, class_weight,
       options, kFusedWithGradients);
-  const LinearHead head(input, weight, bias, setup.target_flat.size(0), setup.acc, kernels);
+  const LinearHead head(input, weight, bias, setup.target_local.size(0), setup.acc, kernels);
   // The largest shard, which every rank knows.
   const int64_t max_columns =
       topology::shard_size(setup.layout.num_classes, setup.communicator->size(), 0);
   const FusedHeadResult out = fused_head_forward_with_gradients(
       head, input, target, options, setup, max_columns, chunk_size, group, output_mask, kernels,
       kFusedWithGradients, [&](const at::Tensor& grad_loss, const at::Tensor& row_stats) {
-        return prepare_cross_entropy_backward(grad_loss, row_stats, target, class_weight, options,
-                                              weight.size(0), setup.acc, kFusedWithGradients);
+        // A probability target: this rank's columns, already at hand (no copy).
+        const at::Tensor& local_target = setup.probability_target ? setup.target_probs : target;
+        return prepare_cross_entropy_backward(grad_loss, row_stats, local_target, class_weight,
+                                              options, weight.size(0), setup.acc,
+                                              kFusedWithGradients);
       });
   return {out.loss, out.row_stats, out.grad_input, out.grad_weight, out.grad_bias};
 }

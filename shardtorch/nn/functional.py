@@ -183,7 +183,9 @@ def parallel_linear_cross_entropy(input: torch.Tensor, weight: torch.Tensor,
     column-parallel classifier (``weight`` [local_classes, in_features]), without
     materialising the logits: the extra memory is at most max(rows x chunk_size,
     2**22) elements for any number of classes (``chunk_size`` default 4096). The
-    target is int64 class indices (probabilities: parallel_cross_entropy only, for now). When
+    target is as parallel_cross_entropy's: int64 class indices, or class
+    probabilities in the input's dtype or float32, sharded like the classes
+    [*, local_classes] or whole [*, num_classes] (no gradient). When
     autograd needs a gradient of a mean or sum loss of a float32/float64
     classifier, the gradients are computed in forward (three matrix products per
     row where a block of rows fits, else the logits twice) and backward only

@@ -72,7 +72,9 @@ class ParallelLinearCrossEntropyLoss(nn.Module):
     the forward goes over the chunks a second time for them instead
     (docs/parallel_cross_entropy.md). ``head`` stays the owner of the parameters (optimisers, state
     dicts); this module only borrows them. A plain head (dim=None) falls back
-    to head(x) followed by F.cross_entropy.
+    to head(x) followed by F.cross_entropy. The target may be class indices or
+    class probabilities, sharded like the head's classes [*, local_classes] or
+    whole [*, num_classes], as for ParallelCrossEntropyLoss.
     """
 
     def __init__(self, linear: ParallelLinear, weight: Optional[torch.Tensor] = None,

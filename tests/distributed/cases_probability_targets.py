@@ -5,6 +5,7 @@ of the logits; the target is passed sharded like them or whole."""
 import itertools
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import shardtorch as ts
@@ -135,9 +136,105 @@ def case_bad_target_size_raises_on_every_rank():
                  match="a probability target must be shaped like the logits")
     expect_error(lambda: F_TS.parallel_cross_entropy(x, probs.clone().requires_grad_()),
                  "probability target is not supported", exception=RuntimeError)
+    # The fused op decides the same way: only the last rank's target is wrong.
     head = ts.nn.ParallelLinear(3, classes, dim=1, dtype=torch.float64)
-    expect_error(lambda: head.linear_cross_entropy(torch.randn(4, 3, dtype=torch.float64), probs),
-                 "target must be int64 class indices", exception=RuntimeError)
+    features = torch.randn(4, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(11))  # same everywhere
+    expect_error(lambda: head.linear_cross_entropy(features, bad), exception=RuntimeError,
+                 match=f"parallel_linear_cross_entropy\\w*: a probability target's last dim must be this rank's "
+                       f"{local} classes|group rank {size - 1} failed a check: its probability target")
+    expect_error(lambda: head.linear_cross_entropy(features, probs.clone().requires_grad_()),
+                 "probability target is not supported", exception=RuntimeError)
     # The group is still usable: nobody was left inside a collective.
     loss = F_TS.parallel_cross_entropy(x, probs)
     assert_close(loss, probability_cross_entropy_reference(full, probs), torch.float64, "after the errors")
+    loss = head.linear_cross_entropy(features, probs)
+    whole_weight = ts.distributed.all_gather(head.weight.detach(), dim=0, full_size=classes)
+    whole_bias = ts.distributed.all_gather(head.bias.detach(), dim=0, full_size=classes)
+    assert_close(loss, probability_cross_entropy_reference(features @ whole_weight.T + whole_bias, probs),
+                 torch.float64, "fused after the errors")
+
+
+# The fused linear cross-entropy: x whole on every rank, W [classes, features]
+# and b sharded by classes, against F.cross_entropy(F.linear(x, W, b), p).
+
+def _whole_head(rows, classes, features, seed):
+    g = torch.Generator().manual_seed(seed * 1000 + classes * 10 + rows)
+    x = torch.randn(rows, features, dtype=torch.float64, generator=g)
+    W = torch.randn(classes, features, dtype=torch.float64, generator=g)
+    b = torch.randn(classes, dtype=torch.float64, generator=g)
+    probs = torch.randn(rows, classes, dtype=torch.float64, generator=g).mul(2).softmax(-1)
+    weight = torch.rand(classes, dtype=torch.float64, generator=g) + 0.5
+    return x, W, b, probs, weight
+
+
+def _check_fused(classes, layout, reduction, weight_kind, smoothing, z_loss, rows=6, chunk=2, features=3,
+                 pass_num_classes=False, seed=0):
+    x, W, b, probs, full_weight = _whole_head(rows, classes, features, seed)
+    target = {"sharded": shard_of(probs, -1).clone(), "whole": probs}[layout]
+    weight = {"none": None, "full": full_weight, "sharded": shard_of(full_weight, 0)}[weight_kind]
+    xs = x.clone().requires_grad_()
+    Ws, bs = shard_of(W, 0).clone().requires_grad_(), shard_of(b, 0).clone().requires_grad_()
+    loss = F_TS.parallel_linear_cross_entropy(xs, Ws, bs, target, weight, reduction=reduction,
+                                              label_smoothing=smoothing, z_loss=z_loss, chunk_size=chunk,
+                                              num_classes=classes if pass_num_classes else None)
+    upstream = torch.randn(loss.shape, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64)
+    (loss * upstream).sum().backward()
+    xr, Wr, br = (t.clone().requires_grad_() for t in (x, W, b))
+    ref = probability_cross_entropy_reference(F.linear(xr, Wr, br), probs, None if weight is None else full_weight,
+                                              reduction, smoothing, z_loss)
+    (ref * upstream).sum().backward()
+    what = (f"fused classes={classes} rows={rows} layout={layout} {reduction} weight={weight_kind} "
+            f"eps={smoothing} z={z_loss} rank={ts.distributed.get_group_rank()}")
+    assert loss.shape == ref.shape, what
+    assert_close(loss, ref, torch.float64, "loss " + what)
+    assert_close(xs.grad, xr.grad, torch.float64, "grad input " + what)
+    assert_close(Ws.grad, shard_of(Wr.grad, 0), torch.float64, "grad weight " + what)
+    assert_close(bs.grad, shard_of(br.grad, 0), torch.float64, "grad bias " + what)
+
+
+def case_fused_every_combination_float64():
+    """Gradients in forward in one block (mean, sum) and the separate backward
+    (none), several chunks per shard, uneven shards and a rank without classes."""
+    smoothing_z = ((0.0, 0.0), (0.15, 0.0), (0.1, 1e-2))
+    for i, (classes, layout, reduction, weight_kind) in enumerate(itertools.product(
+            _class_counts(), ("sharded", "whole"), ("none", "mean", "sum"), ("none", "sharded", "full"))):
+        smoothing, z_loss = smoothing_z[i % 3]
+        _check_fused(classes, layout, reduction, weight_kind, smoothing, z_loss, pass_num_classes=i % 2 == 0,
+                     seed=i)
+
+
+def case_fused_row_blocks_and_recompute():
+    """The largest shard decides the path on every rank alike: 29000 classes
+    (blocks of at most 2**22 // 29000 = 144 rows: 150 rows in two blocks) and
+    34000 (blocks would be 123 rows, under 128: the logits are computed twice
+    in forward). Uneven shards (the last rank one class short); rank 0 passes
+    the whole target, the others their shard."""
+    size = _size()
+    layout = "whole" if ts.distributed.get_group_rank() == 0 else "sharded"
+    for shard, rows, reduction in ((29000, 150, "mean"), (34000, 130, "sum")):
+        _check_fused(shard * size - (1 if size > 1 else 0), layout, reduction, "sharded", 0.1, 1e-3, rows=rows,
+                     chunk=1024, pass_num_classes=reduction == "mean", seed=shard)
+
+
+def case_fused_trains_like_unsharded():
+    """A few SGD steps of ParallelLinearCrossEntropyLoss on a teacher's softmax,
+    against nn.Linear with F.cross_entropy."""
+    classes = _class_counts()[0]
+    torch.manual_seed(8)
+    ref_head = nn.Linear(5, classes, dtype=torch.float64)
+    head = ts.nn.ParallelLinear.from_linear(ref_head, dim=1)
+    loss_fn = ts.nn.ParallelLinearCrossEntropyLoss(head, label_smoothing=0.05, chunk_size=2)
+    opt = torch.optim.SGD(head.parameters(), lr=0.5)
+    ref_opt = torch.optim.SGD(ref_head.parameters(), lr=0.5)
+    for step in range(3):
+        x = torch.randn(8, 5, dtype=torch.float64)
+        teacher = torch.randn(8, classes, dtype=torch.float64).softmax(-1)
+        target = teacher if step % 2 == 0 else shard_of(teacher, -1).clone()
+        for o in (opt, ref_opt):
+            o.zero_grad()
+        loss_fn(x, target).backward()
+        probability_cross_entropy_reference(ref_head(x), teacher, label_smoothing=0.05).backward()
+        opt.step()
+        ref_opt.step()
+    assert_close(head.weight, shard_of(ref_head.weight, 0), torch.float64, "fused weight after training")
+    assert_close(head.bias, shard_of(ref_head.bias, 0), torch.float64, "fused bias after training")

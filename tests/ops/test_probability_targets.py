@@ -205,7 +205,5 @@ def test_errors_name_the_argument_the_rule_and_the_value():
     with torch.no_grad():  # no gradient asked for: fine
         OPS.parallel_cross_entropy(logits, grad_probs)
     x, w = torch.randn(4, 3, dtype=torch.float64), torch.randn(6, 3, dtype=torch.float64)
-    expect_error(lambda: F_TS.parallel_linear_cross_entropy(x, w, None, probs), "parallel_linear_cross_entropy",
-                 "target must be int64 class indices", "parallel_cross_entropy only, got Double")
     expect_error(lambda: F_TS.parallel_margin_cross_entropy(x, w, probs), "parallel_linear_margin_cross_entropy",
                  "the margin loss is not defined for a probability (floating) target, got Double")

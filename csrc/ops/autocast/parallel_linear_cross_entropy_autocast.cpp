@@ -6,7 +6,8 @@
 // (tensor cores), with float32 accumulation, statistics and loss: the weight
 // and bias are cast to the autocast dtype (cached for the region, like
 // linear's), the input to float32 (the op casts it once for its GEMMs). On CPU
-// it runs wholly in float32.
+// it runs wholly in float32. A probability target follows the input to float32
+// (class indices pass).
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <torch/library.h>
@@ -26,9 +27,10 @@ at::Tensor linear_cross_entropy_autocast(
     double label_smoothing, double z_loss, int64_t reduction, int64_t chunk_size,
     const std::string& group, std::optional<int64_t> num_classes) {
   c10::impl::ExcludeDispatchKeyGuard no_autocast(AutocastKey);
-  return parallel_linear_cross_entropy(
-      to_float32(input), to_float32(weight), to_float32(bias), target, to_float32(class_weight),
-      ignore_index, label_smoothing, z_loss, reduction, chunk_size, group, num_classes);
+  return parallel_linear_cross_entropy(to_float32(input), to_float32(weight), to_float32(bias),
+                                       to_float32(target), to_float32(class_weight), ignore_index,
+                                       label_smoothing, z_loss, reduction, chunk_size, group,
+                                       num_classes);
 }
 
 // CUDA: GEMMs in the autocast dtype (float64 is left alone, cached_cast's
@@ -44,18 +46,18 @@ at::Tensor linear_cross_entropy_autocast_cuda(
   if (x.scalar_type() != at::kFloat || weight.scalar_type() == at::kDouble ||
       (bias.has_value() && bias->defined() && bias->scalar_type() == at::kDouble)) {
     // float64 stays out of autocast (cached_cast's rule): as on CPU.
-    return parallel_linear_cross_entropy(x, to_float32(weight), to_float32(bias), target,
-                                         to_float32(class_weight), ignore_index, label_smoothing,
-                                         z_loss, reduction, chunk_size, group, num_classes);
+    return parallel_linear_cross_entropy(
+        x, to_float32(weight), to_float32(bias), to_float32(target), to_float32(class_weight),
+        ignore_index, label_smoothing, z_loss, reduction, chunk_size, group, num_classes);
   }
   std::optional<at::Tensor> cast_bias;
   if (bias.has_value() && bias->defined()) {
     cast_bias = at::autocast::cached_cast(dtype, *bias, c10::DeviceType::CUDA);
   }
   return parallel_linear_cross_entropy(
-      x, at::autocast::cached_cast(dtype, weight, c10::DeviceType::CUDA), cast_bias, target,
-      to_float32(class_weight), ignore_index, label_smoothing, z_loss, reduction, chunk_size, group,
-      num_classes);
+      x, at::autocast::cached_cast(dtype, weight, c10::DeviceType::CUDA), cast_bias,
+      to_float32(target), to_float32(class_weight), ignore_index, label_smoothing, z_loss,
+      reduction, chunk_size, group, num_classes);
 }
 
 }  // namespace

@@ -89,6 +89,12 @@ at::Tensor parallel_linear_cross_entropy_autograd(
     const at::Tensor& target, const std::optional<at::Tensor>& class_weight, int64_t ignore_index,
     double label_smoothing, double z_loss, int64_t reduction, int64_t chunk_size,
     const std::string& group, std::optional<int64_t> num_classes) {
+  // Decided before any collective, alike on every rank (the target's
+  // requires_grad is the caller's, the same everywhere): a probability target
+  // gets no gradient, and leaving it out silently would be wrong.
+  TORCH_CHECK(!(at::GradMode::is_enabled() && target.requires_grad()),
+              "shard::parallel_linear_cross_entropy: the gradient with respect to a probability "
+              "target is not supported; target requires grad (pass target.detach())");
   // Grad mode as the caller has it (forward runs with it off).
   return ParallelLinearCrossEntropyFunction::apply(
       input, weight, bias, target, class_weight, ignore_index, label_smoothing, z_loss, reduction,
