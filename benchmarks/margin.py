@@ -21,6 +21,10 @@ that 1M classes fit a small machine.
 
     python benchmarks/margin.py [--classes 100000,1000000] [--batch 128]
         [--features 512] [--rates 1.0,0.1] [--iters 3] [--out benchmarks]
+        [--autocast bfloat16]
+
+--autocast runs every method's step under torch.autocast("cpu", dtype) (the
+margin loss then runs its GEMMs in that dtype with float32 accumulation).
 
 It launches its own ranks (2 by default).
 """
@@ -113,6 +117,7 @@ def _rank_main(args):
         return peak.peak_bytes
 
     results = []
+    amp = torch.autocast("cpu", dtype=getattr(torch, args.autocast or "bfloat16"), enabled=bool(args.autocast))
     for classes in args.classes:
         offset = ts._C.shard_offset(classes, size, rank)
         torch.manual_seed(0)
@@ -143,10 +148,11 @@ def _rank_main(args):
             methods[f"shardtorch margin, rate {rate}"] = ours
             methods[f"PartialFC-style, rate {rate}"] = theirs
         dist.barrier()
-        seconds = common.time_interleaved(methods, args.iters, warmup=1)
-        for name, fn in methods.items():
-            results.append({"classes": classes, "method": name, "seconds": seconds[name],
-                            "peak_bytes": peak_of(fn)})
+        with amp:
+            seconds = common.time_interleaved(methods, args.iters, warmup=1)
+            for name, fn in methods.items():
+                results.append({"classes": classes, "method": name, "seconds": seconds[name],
+                                "peak_bytes": peak_of(fn)})
         del loss_fn, weight, methods
     common.write_result(results)
     ts.distributed.destroy_process_group()
@@ -156,7 +162,8 @@ def _report(args, results):
     os.makedirs(args.out, exist_ok=True)
     mib = 1024 * 1024
     lines = [f"### ArcFace margin loss, {args.world_size} CPU ranks (Gloo, 1 thread each), batch {args.batch}, "
-             f"embedding {args.features}", "",
+             f"embedding {args.features}"
+             + (f", under autocast {args.autocast}" if args.autocast else ""), "",
              "| classes | method | step (ms) | vs PartialFC-style same rate | peak extra MiB per rank |",
              "|---:|---|---:|---:|---:|"]
     by = {(r["classes"], r["method"]): r for r in results}
@@ -199,6 +206,8 @@ def main():
     parser.add_argument("--rates", type=lambda s: [float(v) for v in s.split(",")], default=[1.0, 0.1])
     parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--out", default=os.path.join(REPO, "benchmarks"))
+    parser.add_argument("--autocast", choices=["bfloat16", "float16"], default=None,
+                        help="run the steps under torch.autocast('cpu', dtype)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
