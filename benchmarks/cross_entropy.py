@@ -21,7 +21,7 @@ allocator accounting; the CUDA allocator's statistics on GPU); plus a sweep of
 that peak against the class count at the largest batch.
 
     python benchmarks/cross_entropy.py [--classes 100000] [--batches 64,1024]
-        [--hidden 256] [--iters 3] [--out benchmarks]
+        [--hidden 256] [--iters 3] [--out benchmarks] [--autocast bfloat16]
     python benchmarks/cross_entropy.py --device cuda --world-size 1   # one rank per GPU (NCCL)
 
 It launches its own ranks (2 by default).
@@ -151,13 +151,18 @@ def _rank_main(args):
             torch.cuda.empty_cache()
 
     results = {"steps": [], "sweep": []}
+    # --autocast: every method's step under torch.autocast (the fused loss
+    # then runs its GEMMs in that dtype with float32 accumulation).
+    amp = torch.autocast(args.device, dtype=getattr(torch, args.autocast or "bfloat16"),
+                         enabled=bool(args.autocast))
     for batch in args.batches:
         methods = _methods(batch, args.classes, args.hidden, args.device)
         dist.barrier()
-        seconds = common.time_interleaved(methods, args.iters, warmup=1, sync=sync)
-        for name, fn in methods.items():
-            results["steps"].append({"batch": batch, "method": name, "seconds": seconds[name],
-                                     "peak_bytes": peak_of(fn)})
+        with amp:
+            seconds = common.time_interleaved(methods, args.iters, warmup=1, sync=sync)
+            for name, fn in methods.items():
+                results["steps"].append({"batch": batch, "method": name, "seconds": seconds[name],
+                                         "peak_bytes": peak_of(fn)})
         del fn  # the loop variable would keep the last method's inputs alive
         release(methods)
     sweep_batch = max(args.batches)
@@ -180,7 +185,8 @@ def _report(args, results):
             if r["method"] == "torch loss_parallel (DTensor)"}
     where = ("CPU ranks (Gloo, 1 thread each)" if args.device == "cpu" else "GPUs (NCCL)")
     lines = [f"### Parallel cross-entropy, {args.world_size} {where}, {args.classes} classes, "
-             f"hidden {args.hidden} for the linear variants", "",
+             f"hidden {args.hidden} for the linear variants"
+             + (f", under autocast {args.autocast}" if args.autocast else ""), "",
              "| batch | method | step (ms) | vs loss_parallel | peak extra MiB per rank |",
              "|---:|---|---:|---:|---:|"]
     for r in results["steps"]:
@@ -219,6 +225,8 @@ def main():
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--out", default=os.path.join(REPO, "benchmarks"))
+    parser.add_argument("--autocast", choices=["bfloat16", "float16"], default=None,
+                        help="run the timed steps under torch.autocast(device, dtype)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:

@@ -44,8 +44,9 @@ void softmax_gradient(const CrossEntropyKernels& kernels, const at::Tensor& valu
 class TileGradients {
  public:
   TileGradients(const FusedHead& head, const at::Tensor& input, const at::ScalarType acc,
-                std::array<bool, 3> output_mask, const std::string& group, const char* op)
-      : head_(head), input_(input), group_(group), op_(op) {
+                std::array<bool, 3> output_mask, const std::string& group,
+                const CrossEntropyKernels& kernels, const char* op)
+      : head_(head), input_(input), group_(group), kernels_(kernels), op_(op) {
     const int64_t rows = head.x_rows().size(0), features = head.x_rows().size(1);
     const int64_t columns = head.columns();
     // The input gradient is summed over tiles in the stats dtype, so that
@@ -89,7 +90,12 @@ class TileGradients {
     // so no temporary of the weight's size.
     if (grads_.weight.defined()) {
       at::Tensor rows_of_grad = grads_.weight.narrow(0, begin, width);
-      if (first_rows) {
+      if (grad.scalar_type() != rows_of_grad.scalar_type()) {
+        // Reduced-precision GEMM operands (autocast) into the float32 master
+        // weight's gradient: the kernels' product accumulates in float32.
+        if (first_rows) rows_of_grad.zero_();
+        kernels_.add_product(rows_of_grad, grad.t(), x);
+      } else if (first_rows) {
         at::mm_out(rows_of_grad, grad.t(), x);
       } else {
         rows_of_grad.addmm_(grad.t(), x);
@@ -129,6 +135,7 @@ class TileGradients {
   const FusedHead& head_;
   const at::Tensor& input_;
   const std::string& group_;
+  const CrossEntropyKernels& kernels_;
   const char* op_;
   FusedHeadGradients grads_;
   std::shared_ptr<comm::CommHandle> pending_;
@@ -153,7 +160,7 @@ FusedHeadResult by_row_blocks(const FusedHead& head, const at::Tensor& input,
   const at::Tensor one = at::ones({}, x.options().dtype(at::kDouble));
   const bool compute = columns > 0 && setup.check.code == LocalCheck::kOk;
 
-  TileGradients tiles(head, input, setup.acc, output_mask, group, op);
+  TileGradients tiles(head, input, setup.acc, output_mask, group, kernels, op);
   std::vector<at::Tensor> saved_blocks;
   for (int64_t begin = 0; begin < rows; begin += block_rows) {
     const int64_t count = std::min(block_rows, rows - begin);
@@ -230,7 +237,7 @@ FusedHeadResult fused_head_backward_by_chunks(const FusedHead& head, const at::T
   const int64_t columns = head.columns();
   const at::Tensor& x = head.x_rows();
   TileGradients tiles(head, input, cross_entropy_accumulate_type(input.scalar_type()), output_mask,
-                      group, op);
+                      group, kernels, op);
   for (int64_t begin = 0; begin < columns; begin += chunk_size) {
     const int64_t width = std::min(chunk_size, columns - begin);
     LogitChunk chunk = head.logits(x, begin, width, setup.target_local);

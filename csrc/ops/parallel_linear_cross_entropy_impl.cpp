@@ -8,6 +8,7 @@
 
 #include "ops/cross_entropy_statistics.h"
 #include "ops/fused_head_driver.h"
+#include "ops/gemm_precision.h"
 #include <shardtorch/ops/parallel_linear_cross_entropy.h>
 #include <shardtorch/topology/topology.h>
 
@@ -25,7 +26,9 @@ class LinearHead final : public FusedHead {
   LinearHead(const at::Tensor& input, const at::Tensor& weight,
              const std::optional<at::Tensor>& bias, int64_t rows, at::ScalarType acc,
              const CrossEntropyKernels& kernels)
-      : x_(gemm_input(input, weight, rows, weight.size(1))),
+      : gemm_(fused_head_gemm_dtype(weight.scalar_type())),
+        x_(gemm_ ? input.reshape({rows, weight.size(1)}).to(*gemm_).contiguous()
+                 : gemm_input(input, weight, rows, weight.size(1))),
         w_(weight.contiguous()),
         acc_(acc),
         kernels_(kernels) {
@@ -36,21 +39,28 @@ class LinearHead final : public FusedHead {
   at::TensorOptions weight_options() const override { return w_.options(); }
   bool has_bias() const override { return bias_.defined(); }
 
-  // In the stats dtype; the GEMM runs in x's and w's dtype (float16/bfloat16
-  // accumulate in float32).
+  // In the stats dtype; the GEMM runs in x's dtype (float16/bfloat16
+  // accumulate in float32). Under autocast the float32 weight's columns are
+  // cast to it here, once per chunk, and kept for the input gradient.
   LogitChunk logits(const at::Tensor& x, int64_t begin, int64_t width,
                     const at::Tensor&) const override {
     at::Tensor bias_chunk;
     if (bias_.defined()) bias_chunk = bias_.narrow(0, begin, width);
-    return {kernels_.chunk_logits(x, w_.narrow(0, begin, width), bias_chunk, acc_), {}};
+    if (!gemm_) return {kernels_.chunk_logits(x, w_.narrow(0, begin, width), bias_chunk, acc_), {}};
+    at::Tensor w_gemm = w_.narrow(0, begin, width).to(*gemm_);
+    at::Tensor values = kernels_.chunk_logits(x, w_gemm, at::Tensor(), acc_);
+    if (bias_chunk.defined()) values.add_(bias_chunk);  // the bias in float32
+    return {values, w_gemm};
   }
   void logit_gradient(LogitChunk&, int64_t, int64_t, const at::Tensor&) const override {}
   void add_input_gradient(at::Tensor& grad_x, const at::Tensor& grad, int64_t begin, int64_t width,
-                          const LogitChunk&) const override {
-    kernels_.add_product(grad_x, grad, w_.narrow(0, begin, width));
+                          const LogitChunk& chunk) const override {
+    const auto* w_gemm = std::any_cast<at::Tensor>(&chunk.state);
+    kernels_.add_product(grad_x, grad, w_gemm != nullptr ? *w_gemm : w_.narrow(0, begin, width));
   }
 
  private:
+  std::optional<at::ScalarType> gemm_;  // the autocast GEMM dtype, if any
   at::Tensor x_, w_, bias_;
   at::ScalarType acc_;
   const CrossEntropyKernels& kernels_;

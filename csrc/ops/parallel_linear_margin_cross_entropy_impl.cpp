@@ -11,6 +11,7 @@
 #include "comm/sharded_collectives.h"
 #include "ops/cross_entropy_statistics.h"
 #include "ops/fused_head_driver.h"
+#include "ops/gemm_precision.h"
 #include <shardtorch/topology/topology.h>
 
 namespace shardtorch {
@@ -122,12 +123,15 @@ struct MarginChunk {
   at::Tensor target_slope;  // [rows] float64: d psi / d cos of the target
 };
 
+// x_unit is in the GEMM's dtype (float16/bfloat16 under autocast, the unit
+// weight rows cast to it), the logits in the weight's.
 MarginChunk margin_chunk(const at::Tensor& x_unit, const at::Tensor& w,
                          const at::Tensor& kept_classes, int64_t begin, int64_t width,
                          const at::Tensor& target_local, const MarginOptions& margin) {
   MarginChunk chunk;
   chunk.weight_rows = normalize_rows(weight_rows_of(w, kept_classes, begin, width));
-  chunk.logits = at::mm(x_unit, chunk.weight_rows.unit.t());
+  chunk.logits =
+      at::mm(x_unit, chunk.weight_rows.unit.to(x_unit.scalar_type()).t()).to(w.scalar_type());
   chunk.at_target = target_columns(target_local, begin, width);
   const at::Tensor cos_target = chunk.logits.gather(1, chunk.at_target.column).squeeze(1);
   const TargetMargin psi = target_margin(cos_target, margin);
@@ -207,12 +211,14 @@ class MarginHead final : public FusedHead {
   MarginHead(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& kept,
              const MarginOptions& margin, int64_t rows, int64_t chunk_size)
       : x_(normalize_rows(input_rows(input, rows))),
+        x_gemm_(cast_for_gemm(x_.unit, weight.scalar_type())),
         w_(weight.contiguous()),
         kept_(kept),
         margin_(margin),
         chunk_size_(chunk_size) {}
   int64_t columns() const override { return kept_.defined() ? kept_.size(0) : w_.size(0); }
-  const at::Tensor& x_rows() const override { return x_.unit; }
+  // The unit input rows, in the GEMMs' dtype (cast once under autocast).
+  const at::Tensor& x_rows() const override { return x_gemm_; }
   at::TensorOptions weight_options() const override { return w_.options(); }
 
   LogitChunk logits(const at::Tensor& x, int64_t begin, int64_t width,
@@ -221,7 +227,7 @@ class MarginHead final : public FusedHead {
       MarginChunk chunk = margin_chunk(x, w_, kept_, begin, width, target_local, margin_);
       return {chunk.logits, MarginColumns{chunk.target_slope, chunk.weight_rows}};
     }
-    at::Tensor values = at::empty({x.size(0), width}, x.options());
+    at::Tensor values = at::empty({x.size(0), width}, x.options().dtype(w_.scalar_type()));
     at::Tensor slope = at::zeros({x.size(0)}, x.options().dtype(at::kDouble));
     for_each_chunk(begin, width, [&](int64_t c0, int64_t w) {
       const MarginChunk chunk = margin_chunk(x, w_, kept_, c0, w, target_local, margin_);
@@ -243,10 +249,10 @@ class MarginHead final : public FusedHead {
                           const LogitChunk& chunk) const override {
     const auto& rows = std::any_cast<const MarginColumns&>(chunk.state).weight_rows;
     auto add = [&](const at::Tensor& g, const at::Tensor& w_unit) {
-      if (g.scalar_type() == grad_x.scalar_type()) {
+      if (g.scalar_type() == grad_x.scalar_type() && g.scalar_type() == w_unit.scalar_type()) {
         grad_x.addmm_(g, w_unit);
       } else {
-        grad_x.add_(at::mm(g, w_unit));
+        grad_x.add_(at::mm(g, w_unit.to(g.scalar_type())));
       }
     };
     if (rows.has_value()) return add(grad, rows->unit);
@@ -277,7 +283,13 @@ class MarginHead final : public FusedHead {
     }
   }
 
+  static at::Tensor cast_for_gemm(const at::Tensor& unit, at::ScalarType weight_dtype) {
+    const auto gemm = fused_head_gemm_dtype(weight_dtype);
+    return gemm && unit.scalar_type() == at::kFloat ? unit.to(*gemm) : unit;
+  }
+
   NormalizedRows x_;
+  at::Tensor x_gemm_;  // x_.unit in the GEMMs' dtype
   at::Tensor w_, kept_;
   MarginOptions margin_;
   int64_t chunk_size_;

@@ -196,7 +196,8 @@ def test_autocast_bfloat16_matches_float32_and_gradscaler():
                                                                 label_smoothing=0.1, chunk_size=4)
     assert loss.dtype == torch.float32 and fused.dtype == torch.float32
     torch.testing.assert_close(loss, reference, rtol=2e-2, atol=2e-2)
-    torch.testing.assert_close(fused, reference, rtol=1e-5, atol=1e-5)
+    # The fused loss's GEMMs run in bfloat16 (tests/ops/test_autocast.py checks how closely).
+    torch.testing.assert_close(fused, reference, rtol=2e-2, atol=2e-2)
     scaler = torch.amp.GradScaler("cpu")
     opt = torch.optim.SGD(head.parameters(), lr=0.1)
     scaler.scale(loss).backward()

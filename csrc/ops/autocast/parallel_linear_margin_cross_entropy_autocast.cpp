@@ -1,7 +1,13 @@
-// Under torch.autocast the margin loss runs in float32, as the other losses
-// do (parallel_cross_entropy_autocast.cpp, parallel_linear_cross_entropy_autocast.cpp): a
-// reduced-precision embedding or weight is cast up, the loss comes back float32, and the gradients
-// flow back through the casts in the callers' dtypes.
+// Under torch.autocast the margin loss runs its three GEMMs (logits, input
+// gradient, weight gradient) in the autocast dtype, and everything else in
+// float32 as the other losses do: the normalisations, the softmax statistics,
+// the margin's trigonometry (float64 for the targets' cosines) and the
+// gradients' accumulation. A float32 weight passes through uncast (the op
+// casts each chunk of unit rows for its GEMMs, gemm_precision.h), so its
+// gradient, dense or row-sparse, reaches the parameter as it is; a
+// reduced-precision embedding or weight is cast up, the loss comes back
+// float32, and the gradients flow back through the casts in the callers'
+// dtypes.
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <torch/autograd.h>
@@ -10,6 +16,7 @@
 #include <shardtorch/ops/parallel_linear_margin_cross_entropy.h>
 
 #include "ops/autocast/float32_casts.h"
+#include "ops/gemm_precision.h"
 
 namespace shardtorch {
 namespace ops {
@@ -39,13 +46,14 @@ at::Tensor weight_to_float32(const at::Tensor& weight) {
   return Float32CastKeepingGradientLayout::apply(weight);
 }
 
-template <c10::DispatchKey AutocastKey>
+template <c10::DeviceType Device, c10::DispatchKey AutocastKey>
 at::Tensor margin_cross_entropy_autocast(
     const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target, double scale,
     double m1, double m2, double m3, bool easy_margin, int64_t ignore_index, double label_smoothing,
     int64_t reduction, const std::optional<at::Tensor>& sampled_classes, int64_t chunk_size,
     const std::string& group, std::optional<int64_t> num_classes) {
   c10::impl::ExcludeDispatchKeyGuard no_autocast(AutocastKey);
+  const FusedHeadGemmDtypeGuard gemms(reduced_autocast_dtype(Device));
   return parallel_linear_margin_cross_entropy(
       to_float32(input), weight_to_float32(weight), target, scale, m1, m2, m3, easy_margin,
       ignore_index, label_smoothing, reduction, sampled_classes, chunk_size, group, num_classes);
@@ -55,12 +63,15 @@ at::Tensor margin_cross_entropy_autocast(
 
 TORCH_LIBRARY_IMPL(shard, AutocastCPU, m) {
   m.impl("parallel_linear_margin_cross_entropy",
-         TORCH_FN(margin_cross_entropy_autocast<c10::DispatchKey::AutocastCPU>));
+         TORCH_FN(
+             (margin_cross_entropy_autocast<c10::DeviceType::CPU, c10::DispatchKey::AutocastCPU>)));
 }
 
 TORCH_LIBRARY_IMPL(shard, AutocastCUDA, m) {
-  m.impl("parallel_linear_margin_cross_entropy",
-         TORCH_FN(margin_cross_entropy_autocast<c10::DispatchKey::AutocastCUDA>));
+  m.impl(
+      "parallel_linear_margin_cross_entropy",
+      TORCH_FN(
+          (margin_cross_entropy_autocast<c10::DeviceType::CUDA, c10::DispatchKey::AutocastCUDA>)));
 }
 
 }  // namespace ops

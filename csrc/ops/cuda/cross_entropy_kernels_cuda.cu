@@ -314,8 +314,10 @@ class CudaCrossEntropyKernels final : public CrossEntropyKernels {
   void add_product(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b) const override {
     const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
     if (m == 0 || n == 0 || k == 0) return;
+    // Row-major operands (the weight gradient's a is a transposed view).
+    const at::Tensor a_rows = a.contiguous(), b_rows = b.contiguous();
     // acc^T [n, m] += b^T [n, k] a^T [k, m], column-major.
-    cuda::cublaslt_gemm(false, false, n, m, k, b, n, a, k, acc, n, at::Tensor(),
+    cuda::cublaslt_gemm(false, false, n, m, k, b_rows, n, a_rows, k, acc, n, at::Tensor(),
                         /*accumulate=*/true);
   }
 };
