@@ -33,6 +33,23 @@ at::Tensor weighted_probabilities(const at::Tensor& probs, const at::Tensor& w_c
   return w_cols.defined() ? p * w_cols.unsqueeze(0) : p;
 }
 
+// Calls f(row0, n, wp) for each block of rows [row0, row0 + n) of a chunk of
+// `cols` columns from col_begin, wp being w_j p_ij of that block.
+template <typename F>
+void for_each_weighted_block(int64_t rows, int64_t cols, int64_t col_begin,
+                             const at::Tensor& probs_local, const at::Tensor& weight_local,
+                             at::ScalarType acc, F f) {
+  if (rows == 0 || cols == 0) return;
+  const at::Tensor probs = probs_local.narrow(1, col_begin, cols);
+  const at::Tensor w_cols =
+      weight_local.defined() ? weight_local.narrow(0, col_begin, cols) : at::Tensor();
+  const int64_t step = probability_block_rows(cols);
+  for (int64_t row0 = 0; row0 < rows; row0 += step) {
+    const int64_t n = std::min(step, rows - row0);
+    f(row0, n, weighted_probabilities(probs.narrow(0, row0, n), w_cols, acc));
+  }
+}
+
 }  // namespace
 
 bool is_probability_target(const at::Tensor& target) {
@@ -48,46 +65,35 @@ int64_t probability_target_rows(const at::Tensor& target) {
 void accumulate_probability_stats(const at::Tensor& logits, int64_t col_begin,
                                   const at::Tensor& probs_local, const at::Tensor& weight_local,
                                   const at::Tensor& stats) {
-  const int64_t rows = logits.size(0), cols = logits.size(1);
-  if (rows == 0 || cols == 0) return;
   const at::ScalarType acc = stats.scalar_type();
-  const at::Tensor probs = probs_local.narrow(1, col_begin, cols);
-  const at::Tensor w_cols =
-      weight_local.defined() ? weight_local.narrow(0, col_begin, cols) : at::Tensor();
-  const int64_t step = probability_block_rows(cols);
-  for (int64_t row0 = 0; row0 < rows; row0 += step) {
-    const int64_t n = std::min(step, rows - row0);
-    const at::Tensor wp = weighted_probabilities(probs.narrow(0, row0, n), w_cols, acc);
-    at::Tensor s = stats.narrow(0, row0, n);
-    s.select(1, kRowTargetWeight).add_(wp.sum(1));
-    // sum_c w_c p_c z_c: a row dot product, so a masked (-inf) logit under a
-    // zero probability is NaN here exactly as in torch's -(p * log_softmax).
-    s.select(1, kRowTargetLogit).add_((wp * as_stats_dtype(logits.narrow(0, row0, n), acc)).sum(1));
-  }
+  for_each_weighted_block(logits.size(0), logits.size(1), col_begin, probs_local, weight_local, acc,
+                          [&](int64_t row0, int64_t n, const at::Tensor& wp) {
+                            at::Tensor s = stats.narrow(0, row0, n);
+                            s.select(1, kRowTargetWeight).add_(wp.sum(1));
+                            // sum_c w_c p_c z_c: a row dot product, so a masked (-inf) logit under
+                            // a zero probability is NaN here exactly as in torch's -(p *
+                            // log_softmax).
+                            s.select(1, kRowTargetLogit)
+                                .add_((wp * as_stats_dtype(logits.narrow(0, row0, n), acc)).sum(1));
+                          });
 }
 
 void subtract_probability_gradient(const at::Tensor& values, int64_t col_begin,
                                    const at::Tensor& probs_local, const at::Tensor& weight_local,
                                    const at::Tensor& scale) {
-  const int64_t rows = values.size(0), cols = values.size(1);
-  if (rows == 0 || cols == 0) return;
   const at::ScalarType acc = scale.scalar_type();
-  const at::Tensor probs = probs_local.narrow(1, col_begin, cols);
-  const at::Tensor w_cols =
-      weight_local.defined() ? weight_local.narrow(0, col_begin, cols) : at::Tensor();
-  const int64_t step = probability_block_rows(cols);
-  for (int64_t row0 = 0; row0 < rows; row0 += step) {
-    const int64_t n = std::min(step, rows - row0);
-    const at::Tensor wp = weighted_probabilities(probs.narrow(0, row0, n), w_cols, acc);
-    const at::Tensor row_scale = scale.narrow(0, row0, n).unsqueeze(1);
-    at::Tensor v = values.narrow(0, row0, n);
-    if (v.scalar_type() == acc) {
-      v.addcmul_(wp, row_scale, -1);
-    } else {
-      // Reduced-precision logits: subtracted in the stats dtype, rounded once more.
-      v.copy_(v.to(acc).addcmul_(wp, row_scale, -1));
-    }
-  }
+  for_each_weighted_block(values.size(0), values.size(1), col_begin, probs_local, weight_local, acc,
+                          [&](int64_t row0, int64_t n, const at::Tensor& wp) {
+                            const at::Tensor row_scale = scale.narrow(0, row0, n).unsqueeze(1);
+                            at::Tensor v = values.narrow(0, row0, n);
+                            if (v.scalar_type() == acc) {
+                              v.addcmul_(wp, row_scale, -1);
+                            } else {
+                              // Reduced-precision logits: subtracted in the stats dtype, rounded
+                              // once more.
+                              v.copy_(v.to(acc).addcmul_(wp, row_scale, -1));
+                            }
+                          });
 }
 
 at::Tensor local_probability_columns(const at::Tensor& target_rows, const at::Tensor& offset,
