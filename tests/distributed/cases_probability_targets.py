@@ -89,14 +89,15 @@ def case_ranks_may_mix_the_layouts():
     assert_close(x.grad, shard_of(x_ref.grad, -1), torch.float64, "mixed layouts grad")
 
 
-def case_trains_like_unsharded():
-    """A few SGD steps of a column-parallel head on a teacher's softmax (a
-    distillation target), against nn.Linear with F.cross_entropy."""
+def _trains_like_unsharded(seed, make_loss, what):
+    """Three SGD steps of a column-parallel head on a teacher's softmax (a
+    distillation target, whole or sharded in turn), against nn.Linear with
+    F.cross_entropy; make_loss(head) gives the sharded loss of (x, target)."""
     classes = _class_counts()[0]
-    torch.manual_seed(7)
+    torch.manual_seed(seed)
     ref_head = nn.Linear(5, classes, dtype=torch.float64)
     head = ts.nn.ParallelLinear.from_linear(ref_head, dim=1)
-    loss_fn = ts.nn.ParallelCrossEntropyLoss(label_smoothing=0.05)
+    loss_fn = make_loss(head)
     opt = torch.optim.SGD(head.parameters(), lr=0.5)
     ref_opt = torch.optim.SGD(ref_head.parameters(), lr=0.5)
     for step in range(3):
@@ -105,12 +106,18 @@ def case_trains_like_unsharded():
         target = teacher if step % 2 == 0 else shard_of(teacher, -1).clone()
         for o in (opt, ref_opt):
             o.zero_grad()
-        loss_fn(head(x), target).backward()
+        loss_fn(x, target).backward()
         probability_cross_entropy_reference(ref_head(x), teacher, label_smoothing=0.05).backward()
         opt.step()
         ref_opt.step()
-    assert_close(head.weight, shard_of(ref_head.weight, 0), torch.float64, "weight after training")
-    assert_close(head.bias, shard_of(ref_head.bias, 0), torch.float64, "bias after training")
+    assert_close(head.weight, shard_of(ref_head.weight, 0), torch.float64, what + " weight after training")
+    assert_close(head.bias, shard_of(ref_head.bias, 0), torch.float64, what + " bias after training")
+
+
+def case_trains_like_unsharded():
+    """ParallelCrossEntropyLoss on a column-parallel head's logits."""
+    loss_fn = ts.nn.ParallelCrossEntropyLoss(label_smoothing=0.05)
+    _trains_like_unsharded(7, lambda head: lambda x, target: loss_fn(head(x), target), "column-parallel head's")
 
 
 def case_bad_target_size_raises_on_every_rank():
@@ -217,24 +224,6 @@ def case_fused_row_blocks_and_recompute():
 
 
 def case_fused_trains_like_unsharded():
-    """A few SGD steps of ParallelLinearCrossEntropyLoss on a teacher's softmax,
-    against nn.Linear with F.cross_entropy."""
-    classes = _class_counts()[0]
-    torch.manual_seed(8)
-    ref_head = nn.Linear(5, classes, dtype=torch.float64)
-    head = ts.nn.ParallelLinear.from_linear(ref_head, dim=1)
-    loss_fn = ts.nn.ParallelLinearCrossEntropyLoss(head, label_smoothing=0.05, chunk_size=2)
-    opt = torch.optim.SGD(head.parameters(), lr=0.5)
-    ref_opt = torch.optim.SGD(ref_head.parameters(), lr=0.5)
-    for step in range(3):
-        x = torch.randn(8, 5, dtype=torch.float64)
-        teacher = torch.randn(8, classes, dtype=torch.float64).softmax(-1)
-        target = teacher if step % 2 == 0 else shard_of(teacher, -1).clone()
-        for o in (opt, ref_opt):
-            o.zero_grad()
-        loss_fn(x, target).backward()
-        probability_cross_entropy_reference(ref_head(x), teacher, label_smoothing=0.05).backward()
-        opt.step()
-        ref_opt.step()
-    assert_close(head.weight, shard_of(ref_head.weight, 0), torch.float64, "fused weight after training")
-    assert_close(head.bias, shard_of(ref_head.bias, 0), torch.float64, "fused bias after training")
+    """ParallelLinearCrossEntropyLoss (the fused head) on the same steps."""
+    _trains_like_unsharded(
+        8, lambda head: ts.nn.ParallelLinearCrossEntropyLoss(head, label_smoothing=0.05, chunk_size=2), "fused")
