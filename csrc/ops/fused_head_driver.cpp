@@ -44,9 +44,9 @@ void softmax_gradient(const CrossEntropyKernels& kernels, const at::Tensor& valu
 class TileGradients {
  public:
   TileGradients(const FusedHead& head, const at::Tensor& input, const at::ScalarType acc,
-                std::array<bool, 3> output_mask, const std::string& group,
+                std::array<bool, 3> output_mask, int64_t slice, const std::string& group,
                 const CrossEntropyKernels& kernels, const char* op)
-      : head_(head), input_(input), group_(group), kernels_(kernels), op_(op) {
+      : head_(head), input_(input), slice_(slice), group_(group), kernels_(kernels), op_(op) {
     const int64_t rows = head.x_rows().size(0), features = head.x_rows().size(1);
     const int64_t columns = head.columns();
     // The input gradient is summed over tiles in the stats dtype, so that
@@ -73,34 +73,24 @@ class TileGradients {
         bias_rows.add_(chunk.values.sum(0));
       }
     }
-    // The gradient GEMMs run in the head's GEMM dtype (tensor cores for
-    // float16/bfloat16), the input gradient accumulating in the stats dtype.
-    if (chunk.values.scalar_type() != x.scalar_type()) {
-      chunk.values = chunk.values.to(x.scalar_type());
-    }
-    const at::Tensor& grad = chunk.values;
-    if (grads_.input.defined()) {
-      at::Tensor rows_of_grad = grads_.input.narrow(0, row_begin, x.size(0));
-      head_.add_input_gradient(rows_of_grad, grad, begin, width, chunk);
-      // Each rank's columns contribute a part of the input gradient; the sum
-      // travels while the last tile's weight gradient is computed.
-      if (last_tile) join_input_sum();
-    }
-    // Written in place: a row slice of the contiguous gradient is contiguous,
-    // so no temporary of the weight's size.
-    if (grads_.weight.defined()) {
-      at::Tensor rows_of_grad = grads_.weight.narrow(0, begin, width);
-      if (grad.scalar_type() != rows_of_grad.scalar_type()) {
-        // Reduced-precision GEMM operands (autocast) into the float32 master
-        // weight's gradient: the kernels' product accumulates in float32.
-        if (first_rows) rows_of_grad.zero_();
-        kernels_.add_product(rows_of_grad, grad.t(), x);
-      } else if (first_rows) {
-        at::mm_out(rows_of_grad, grad.t(), x);
-      } else {
-        rows_of_grad.addmm_(grad.t(), x);
+    at::Tensor grad_x;
+    if (grads_.input.defined()) grad_x = grads_.input.narrow(0, row_begin, x.size(0));
+    if (chunk.values.scalar_type() == x.scalar_type()) {
+      add_products(chunk, chunk.values, x, grad_x, begin, width, first_rows);
+    } else {
+      // The GEMMs run in the head's GEMM dtype (tensor cores for float16 /
+      // bfloat16): the gradient is cast slice_ columns at a time, so that
+      // neither its copy nor the CPU GEMM's reduced-precision output of the
+      // weight gradient's rows grows with the block.
+      for (int64_t c = 0; c < width; c += slice_) {
+        const int64_t w = std::min(slice_, width - c);
+        add_products(chunk, chunk.values.narrow(1, c, w).to(x.scalar_type()), x, grad_x, begin + c,
+                     w, first_rows);
       }
     }
+    // Each rank's columns contribute a part of the input gradient; the sum
+    // travels while the rest of this rank's work goes on.
+    if (last_tile) join_input_sum();
   }
 
   // Every rank joins the input gradient's sum once, with columns or without.
@@ -132,8 +122,30 @@ class TileGradients {
   }
 
  private:
+  // grad_x += grad x (the head's weight operand of columns [begin, begin +
+  // width)) in the stats dtype, and the weight gradient's rows of those
+  // columns = (or +=) grad^T x, written in place: a row slice of the
+  // contiguous gradient is contiguous, so no temporary of the weight's size.
+  void add_products(const LogitChunk& chunk, const at::Tensor& grad, const at::Tensor& x,
+                    at::Tensor& grad_x, int64_t begin, int64_t width, bool first_rows) {
+    if (grad_x.defined()) head_.add_input_gradient(grad_x, grad, begin, width, chunk);
+    if (!grads_.weight.defined()) return;
+    at::Tensor rows_of_grad = grads_.weight.narrow(0, begin, width);
+    if (grad.scalar_type() != rows_of_grad.scalar_type()) {
+      // Reduced-precision GEMM operands (autocast) into the float32 master
+      // weight's gradient: the kernels' product accumulates in float32.
+      if (first_rows) rows_of_grad.zero_();
+      kernels_.add_product(rows_of_grad, grad.t(), x);
+    } else if (first_rows) {
+      at::mm_out(rows_of_grad, grad.t(), x);
+    } else {
+      rows_of_grad.addmm_(grad.t(), x);
+    }
+  }
+
   const FusedHead& head_;
   const at::Tensor& input_;
+  int64_t slice_;  // columns per cast of a reduced-precision gradient
   const std::string& group_;
   const CrossEntropyKernels& kernels_;
   const char* op_;
@@ -148,8 +160,9 @@ class TileGradients {
 FusedHeadResult by_row_blocks(const FusedHead& head, const at::Tensor& input,
                               const at::Tensor& target, const CrossEntropyOptions& options,
                               const CrossEntropyForwardSetup& setup, int64_t block_rows,
-                              const std::string& group, std::array<bool, 3> output_mask,
-                              const CrossEntropyKernels& kernels, const char* op) {
+                              int64_t chunk_size, const std::string& group,
+                              std::array<bool, 3> output_mask, const CrossEntropyKernels& kernels,
+                              const char* op) {
   const int64_t rows = setup.target_local.size(0), columns = head.columns();
   const at::Tensor& x = head.x_rows();
   // One block knows the mean's divisor when its coefficients are made; blocks
@@ -160,7 +173,7 @@ FusedHeadResult by_row_blocks(const FusedHead& head, const at::Tensor& input,
   const at::Tensor one = at::ones({}, x.options().dtype(at::kDouble));
   const bool compute = columns > 0 && setup.check.code == LocalCheck::kOk;
 
-  TileGradients tiles(head, input, setup.acc, output_mask, group, kernels, op);
+  TileGradients tiles(head, input, setup.acc, output_mask, chunk_size, group, kernels, op);
   std::vector<at::Tensor> saved_blocks;
   for (int64_t begin = 0; begin < rows; begin += block_rows) {
     const int64_t count = std::min(block_rows, rows - begin);
@@ -202,9 +215,11 @@ FusedHeadResult by_row_blocks(const FusedHead& head, const at::Tensor& input,
 
 }  // namespace
 
-int64_t fused_head_gradient_block_rows(int64_t rows, int64_t max_columns, int64_t chunk_size) {
+int64_t fused_head_gradient_block_rows(int64_t rows, int64_t max_columns, int64_t features,
+                                       int64_t chunk_size) {
   if (rows <= 0) return 0;
-  const int64_t budget = std::max(rows * chunk_size, kGradientBlockMinElements);
+  const int64_t budget =
+      std::max({rows * chunk_size, kGradientBlockMinElements, max_columns * features});
   const int64_t fit = max_columns > 0 ? budget / max_columns : rows;
   if (fit >= rows) return rows;
   if (fit < kGradientBlockMinRows) return 0;
@@ -237,7 +252,7 @@ FusedHeadResult fused_head_backward_by_chunks(const FusedHead& head, const at::T
   const int64_t columns = head.columns();
   const at::Tensor& x = head.x_rows();
   TileGradients tiles(head, input, cross_entropy_accumulate_type(input.scalar_type()), output_mask,
-                      group, kernels, op);
+                      chunk_size, group, kernels, op);
   for (int64_t begin = 0; begin < columns; begin += chunk_size) {
     const int64_t width = std::min(chunk_size, columns - begin);
     LogitChunk chunk = head.logits(x, begin, width, setup.target_local);
@@ -261,10 +276,11 @@ FusedHeadResult fused_head_forward_with_gradients(
     const std::function<CrossEntropyBackwardSetup(const at::Tensor& grad_loss,
                                                   const at::Tensor& row_stats)>& backward_setup) {
   const int64_t rows = setup.target_local.size(0);
-  const int64_t block_rows = fused_head_gradient_block_rows(rows, max_columns, chunk_size);
+  const int64_t block_rows =
+      fused_head_gradient_block_rows(rows, max_columns, head.x_rows().size(1), chunk_size);
   if (block_rows > 0) {
-    return by_row_blocks(head, input, target, options, setup, block_rows, group, output_mask,
-                         kernels, op);
+    return by_row_blocks(head, input, target, options, setup, block_rows, chunk_size, group,
+                         output_mask, kernels, op);
   }
   // Too many columns for a block of rows within the memory bound: the logits
   // are computed twice, chunk by chunk, as the separate backward would.

@@ -22,9 +22,12 @@
 namespace shardtorch {
 namespace ops {
 
-// The gradients-in-forward path's bound on a block of logits: rows x
-// chunk_size elements, or this many (16 MiB of float32) where that is more,
-// so that small batches are not cut into blocks too thin for a fast GEMM...
+// The gradients-in-forward path's bound on a block of logits, in elements:
+// the largest of rows x chunk_size, this many (16 MiB of float32), so that
+// small batches are not cut into blocks too thin for a fast GEMM, and the
+// elements of the largest shard of the weight, so that the block never holds
+// more than the weight gradient the call returns anyway (at a million classes
+// the logits of a batch are then computed once: three GEMMs per row)...
 constexpr int64_t kGradientBlockMinElements = int64_t{1} << 22;
 // ...and no block has fewer rows than this (unless the batch has): beyond
 // that the logits are recomputed instead. Thinner blocks cost more than the
@@ -34,9 +37,11 @@ constexpr int64_t kGradientBlockMinElements = int64_t{1} << 22;
 constexpr int64_t kGradientBlockMinRows = 128;
 
 // Rows per block of the gradients-in-forward path for a batch of `rows` and
-// at most `max_columns` columns on any rank, or 0 where blocks would be
-// thinner than kGradientBlockMinRows (the logits are then recomputed).
-int64_t fused_head_gradient_block_rows(int64_t rows, int64_t max_columns, int64_t chunk_size);
+// at most `max_columns` columns of `features` on any rank, or 0 where blocks
+// would be thinner than kGradientBlockMinRows (the logits are then
+// recomputed). Every rank must pass the same values.
+int64_t fused_head_gradient_block_rows(int64_t rows, int64_t max_columns, int64_t features,
+                                       int64_t chunk_size);
 
 // Logits of some columns for some rows, as a head made them; in place, their
 // gradient after the driver's softmax step and the head's logit_gradient.
@@ -78,7 +83,10 @@ class FusedHead {
   virtual void logit_gradient(LogitChunk& chunk, int64_t begin, int64_t width,
                               const at::Tensor& target_local) const = 0;
   // grad_x [rows, features] (stats dtype) += grad [rows, width] times the
-  // head's weight operand of columns [begin, begin + width).
+  // head's weight operand of columns [begin, begin + width): the chunk's
+  // whole range, or, where the GEMM dtype differs from the logits' (autocast)
+  // and the chunk is wider than chunk_size, consecutive pieces of it of at
+  // most chunk_size columns.
   virtual void add_input_gradient(at::Tensor& grad_x, const at::Tensor& grad, int64_t begin,
                                   int64_t width, const LogitChunk& chunk) const = 0;
   // After the weight gradient of columns [begin, begin + width) is whole:

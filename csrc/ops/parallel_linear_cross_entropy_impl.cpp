@@ -6,6 +6,9 @@
 #include <ATen/FunctionalTensorWrapper.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 
+#include <algorithm>
+#include <any>
+
 #include "ops/cross_entropy_statistics.h"
 #include "ops/fused_head_driver.h"
 #include "ops/gemm_precision.h"
@@ -21,16 +24,24 @@ constexpr const char* kFusedBackward = "shard::_parallel_linear_cross_entropy_ba
 constexpr const char* kFusedWithGradients =
     "shard::_parallel_linear_cross_entropy_forward_with_gradients";
 
+// Under autocast, the weight's columns [begin, begin + width) cast to the
+// GEMM dtype, kept from the logits for the input gradient.
+struct CastColumns {
+  int64_t begin;
+  at::Tensor weight;
+};
+
 class LinearHead final : public FusedHead {
  public:
   LinearHead(const at::Tensor& input, const at::Tensor& weight,
              const std::optional<at::Tensor>& bias, int64_t rows, at::ScalarType acc,
-             const CrossEntropyKernels& kernels)
+             int64_t chunk_size, const CrossEntropyKernels& kernels)
       : gemm_(fused_head_gemm_dtype(weight.scalar_type())),
         x_(gemm_ ? input.reshape({rows, weight.size(1)}).to(*gemm_).contiguous()
                  : gemm_input(input, weight, rows, weight.size(1))),
         w_(weight.contiguous()),
         acc_(acc),
+        chunk_size_(chunk_size),
         kernels_(kernels) {
     if (bias.has_value() && bias->defined()) bias_ = *bias;
   }
@@ -41,28 +52,50 @@ class LinearHead final : public FusedHead {
 
   // In the stats dtype; the GEMM runs in x's dtype (float16/bfloat16
   // accumulate in float32). Under autocast the float32 weight's columns are
-  // cast to it here, once per chunk, and kept for the input gradient.
+  // cast to it chunk_size at a time: a chunk's cast is kept for the input
+  // gradient, a wider range's (a block of rows holding every column) is
+  // made again there, so that no copy of the weight's size lives.
   LogitChunk logits(const at::Tensor& x, int64_t begin, int64_t width,
                     const at::Tensor&) const override {
     at::Tensor bias_chunk;
     if (bias_.defined()) bias_chunk = bias_.narrow(0, begin, width);
     if (!gemm_) return {kernels_.chunk_logits(x, w_.narrow(0, begin, width), bias_chunk, acc_), {}};
-    at::Tensor w_gemm = w_.narrow(0, begin, width).to(*gemm_);
-    at::Tensor values = kernels_.chunk_logits(x, w_gemm, at::Tensor(), acc_);
-    if (bias_chunk.defined()) values.add_(bias_chunk);  // the bias in float32
-    return {values, w_gemm};
+    LogitChunk chunk;
+    if (width <= chunk_size_) {
+      at::Tensor w_gemm = w_.narrow(0, begin, width).to(*gemm_);
+      chunk = {kernels_.chunk_logits(x, w_gemm, at::Tensor(), acc_), CastColumns{begin, w_gemm}};
+    } else {
+      chunk.values = at::empty({x.size(0), width}, x.options().dtype(acc_));
+      for (int64_t c = 0; c < width; c += chunk_size_) {
+        const int64_t w = std::min(chunk_size_, width - c);
+        chunk.values.narrow(1, c, w).copy_(
+            kernels_.chunk_logits(x, cast_columns(begin + c, w), at::Tensor(), acc_));
+      }
+    }
+    if (bias_chunk.defined()) chunk.values.add_(bias_chunk);  // the bias in float32
+    return chunk;
   }
   void logit_gradient(LogitChunk&, int64_t, int64_t, const at::Tensor&) const override {}
   void add_input_gradient(at::Tensor& grad_x, const at::Tensor& grad, int64_t begin, int64_t width,
                           const LogitChunk& chunk) const override {
-    const auto* w_gemm = std::any_cast<at::Tensor>(&chunk.state);
-    kernels_.add_product(grad_x, grad, w_gemm != nullptr ? *w_gemm : w_.narrow(0, begin, width));
+    at::Tensor w;
+    if (const auto* kept = std::any_cast<CastColumns>(&chunk.state)) {
+      w = kept->weight.narrow(0, begin - kept->begin, width);
+    } else {
+      w = gemm_ ? cast_columns(begin, width) : w_.narrow(0, begin, width);
+    }
+    kernels_.add_product(grad_x, grad, w);
   }
 
  private:
+  at::Tensor cast_columns(int64_t begin, int64_t width) const {
+    return w_.narrow(0, begin, width).to(*gemm_);
+  }
+
   std::optional<at::ScalarType> gemm_;  // the autocast GEMM dtype, if any
   at::Tensor x_, w_, bias_;
   at::ScalarType acc_;
+  int64_t chunk_size_;
   const CrossEntropyKernels& kernels_;
 };
 
@@ -83,7 +116,8 @@ std::tuple<at::Tensor, at::Tensor> parallel_linear_cross_entropy_forward_impl(
   const CrossEntropyForwardSetup setup =
       prepare_cross_entropy_forward(group, input.device(), input.scalar_type(), weight.size(0),
                                     num_classes, target, class_weight, options, kFusedForward);
-  const LinearHead head(input, weight, bias, setup.target_local.size(0), setup.acc, kernels);
+  const LinearHead head(input, weight, bias, setup.target_local.size(0), setup.acc, chunk_size,
+                        kernels);
   return fused_head_forward_by_chunks(head, input, target, options, setup, chunk_size, kernels,
                                       kFusedForward);
 }
@@ -98,7 +132,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> parallel_linear_cross_entropy_bac
   const int64_t rows = leading_rows(input).guard_int(__FILE__, __LINE__);
   check_saved_row_stats(row_stats, rows, kFusedBackward);
   const at::ScalarType acc = cross_entropy_accumulate_type(input.scalar_type());
-  const LinearHead head(input, weight, bias, rows, acc, kernels);
+  const LinearHead head(input, weight, bias, rows, acc, chunk_size, kernels);
   const FusedHeadResult grads = fused_head_backward_by_chunks(
       head, input,
       prepare_cross_entropy_backward(grad_loss, row_stats, target, class_weight, options,
@@ -121,7 +155,8 @@ parallel_linear_cross_entropy_forward_with_gradients_impl(
   const CrossEntropyForwardSetup setup = prepare_cross_entropy_forward(
       group, input.device(), input.scalar_type(), weight.size(0), num_classes, target, class_weight,
       options, kFusedWithGradients);
-  const LinearHead head(input, weight, bias, setup.target_local.size(0), setup.acc, kernels);
+  const LinearHead head(input, weight, bias, setup.target_local.size(0), setup.acc, chunk_size,
+                        kernels);
   // The largest shard, which every rank knows.
   const int64_t max_columns =
       topology::shard_size(setup.layout.num_classes, setup.communicator->size(), 0);
