@@ -124,6 +124,11 @@ def _uniform_step(row_step: torch.Tensor) -> Optional[int]:
     return int(low) if int(low) == int(high) else None
 
 
+# Where torch has a fused SGD kernel (torch.optim.SGD(fused=True)'s).
+_FUSED_SGD_DEVICES = ("cpu", "cuda")
+_FUSED_SGD_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+
+
 class RowSparseSGD(_RowSparseOptimizer):
     """torch.optim.SGD(params, lr, momentum, dampening, weight_decay, nesterov)
     per row: rows a row-sparse gradient does not hold are left alone, momentum
@@ -147,7 +152,27 @@ class RowSparseSGD(_RowSparseOptimizer):
         super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening,
                                       weight_decay=weight_decay, nesterov=nesterov))
 
+    @staticmethod
+    def _fuses(group, param, grad, state) -> bool:
+        """Whether torch's fused SGD kernel can take this update: not with per-row step counts
+        (dampening: a row's first step starts its buffer), nor where torch has no such kernel."""
+        return ("row_step" not in state and param.device.type in _FUSED_SGD_DEVICES
+                and param.dtype in _FUSED_SGD_DTYPES and param.is_contiguous() and grad.is_contiguous())
+
+    @staticmethod
+    def _fused_update(group, param, grad, buf) -> None:
+        """torch's fused SGD kernel on ``param`` rows: one pass over the parameter, its gradient and
+        momentum instead of torch.optim.SGD(foreach)'s four, the same arithmetic (bitwise its result,
+        tests/unit/test_row_sparse_optim.py); the gradient is not written."""
+        torch._fused_sgd_([param], [grad], [buf] if group["momentum"] != 0 else [],
+                          weight_decay=group["weight_decay"], momentum=group["momentum"], lr=group["lr"],
+                          dampening=group["dampening"], nesterov=group["nesterov"], maximize=False,
+                          is_first_step=False)
+
     def _update_dense(self, group, param, grad, state):
+        if self._fuses(group, param, grad, state):
+            buf = _as_rows(state["momentum_buffer"]) if group["momentum"] != 0 else None
+            return self._fused_update(group, param, grad, buf)
         # torch.optim.SGD's passes, in its order (so the result is its result bitwise).
         weight_decay, momentum = group["weight_decay"], group["momentum"]
         d_p = grad if weight_decay == 0 else grad.add(param, alpha=weight_decay)
@@ -175,6 +200,15 @@ class RowSparseSGD(_RowSparseOptimizer):
     def _update_rows(self, group, param, rows, grad, state):
         weight_decay, momentum = group["weight_decay"], group["momentum"]
         taken, buf = self._scratch_rows(grad, 2)
+        if momentum != 0 and self._fuses(group, param, grad, state):
+            # The kept rows gathered, updated in one fused pass, written back.
+            buffer = _as_rows(state["momentum_buffer"])
+            torch.index_select(param, 0, rows, out=taken)
+            torch.index_select(buffer, 0, rows, out=buf)
+            self._fused_update(group, taken, grad, buf)
+            buffer.index_copy_(0, rows, buf)
+            param.index_copy_(0, rows, taken)
+            return
         if weight_decay != 0:
             d_p = torch.index_select(param, 0, rows, out=taken)
             torch.add(grad, d_p, alpha=weight_decay, out=d_p)

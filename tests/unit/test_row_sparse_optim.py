@@ -35,11 +35,11 @@ def _gradients(steps, dtype, seed=0, shape=(ROWS, COLS)):
     return [torch.randn(shape, generator=g, dtype=dtype) for _ in range(steps)]
 
 
-def _run_pair(ours_cls, theirs_cls, settings, dtype, foreach, shape=(ROWS, COLS)):
+def _run_pair(ours_cls, theirs_cls, settings, dtype, foreach, shape=(ROWS, COLS), fused=None):
     start = torch.randn(shape, generator=torch.Generator().manual_seed(1), dtype=dtype)
     mine, theirs = start.clone().requires_grad_(), start.clone().requires_grad_()
     opt_mine = ours_cls([mine], **settings)
-    opt_theirs = theirs_cls([theirs], foreach=foreach, **settings)
+    opt_theirs = theirs_cls([theirs], foreach=foreach, fused=fused, **settings)
     for grad in _gradients(4, dtype, shape=shape):
         mine.grad, theirs.grad = grad.clone(), grad.clone()
         opt_mine.step()
@@ -47,15 +47,33 @@ def _run_pair(ours_cls, theirs_cls, settings, dtype, foreach, shape=(ROWS, COLS)
     return mine, theirs, opt_mine, opt_theirs
 
 
+# torch's three SGD implementations agree bitwise on the elements their vectorised loops take and
+# may differ in the last bit on the rest (a row-major tensor's last numel % vector width elements: the
+# scalar tails round a*b + c differently). RowSparseSGD runs torch's fused kernel (one pass) where no
+# row has its own step count, and torch's passes where dampening gives each row one.
+SGD_IMPLEMENTATIONS = {"fused": dict(fused=True, foreach=False), "foreach": dict(foreach=True),
+                       "for-loop": dict(foreach=False)}
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("foreach", [True, False])
+@pytest.mark.parametrize("impl", list(SGD_IMPLEMENTATIONS))
 @pytest.mark.parametrize("name", list(SGD_SETTINGS))
-def test_sgd_on_dense_gradients_is_torchs_bitwise(name, foreach, dtype):
-    mine, theirs, opt_mine, opt_theirs = _run_pair(ts.optim.RowSparseSGD, torch.optim.SGD, SGD_SETTINGS[name],
-                                                   dtype, foreach)
-    assert torch.equal(mine, theirs), (mine - theirs).abs().max()
-    if "momentum" in SGD_SETTINGS[name]:
-        assert torch.equal(opt_mine.state[mine]["momentum_buffer"], opt_theirs.state[theirs]["momentum_buffer"])
+def test_sgd_on_dense_gradients_is_torchs(name, impl, dtype):
+    """Bitwise the torch implementation RowSparseSGD runs (fused, or with dampening the passes, which
+    foreach and the for-loop share), within 2 ulp of the other."""
+    settings = SGD_SETTINGS[name]
+    ours_fused = "dampening" not in settings
+    mine, theirs, opt_mine, opt_theirs = _run_pair(ts.optim.RowSparseSGD, torch.optim.SGD, settings, dtype,
+                                                   **SGD_IMPLEMENTATIONS[impl])
+    tensors = [(mine, theirs)]
+    if "momentum" in settings:
+        tensors.append((opt_mine.state[mine]["momentum_buffer"], opt_theirs.state[theirs]["momentum_buffer"]))
+    for a, b in tensors:
+        if ours_fused == (impl == "fused"):
+            assert torch.equal(a, b), (a - b).abs().max()
+        else:
+            ulp = torch.finfo(dtype).eps * b.detach().abs().clamp_min(torch.finfo(dtype).tiny)
+            assert ((a - b).abs() <= 2 * ulp).all(), ((a - b).abs() / ulp).max()
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
