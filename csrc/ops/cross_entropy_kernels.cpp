@@ -24,5 +24,16 @@ void CrossEntropyKernels::add_product(at::Tensor& acc, const at::Tensor& a,
   }
 }
 
+void CrossEntropyKernels::write_product(at::Tensor& out, const at::Tensor& a,
+                                        const at::Tensor& b) const {
+  if (out.scalar_type() == a.scalar_type()) {
+    at::mm_out(out, a, b);
+  } else {
+    // No CPU GEMM returns float32 from float16/bfloat16 operands (it
+    // accumulates in float32 inside and rounds its output): one rounding.
+    out.copy_(at::mm(a, b));
+  }
+}
+
 }  // namespace ops
 }  // namespace shardtorch

@@ -69,6 +69,8 @@ class CrossEntropyKernels {
                                   const at::Tensor& bias_chunk, at::ScalarType out) const;
   // acc [m, n] += a [m, k] b [k, n]; acc in a's dtype or float32. Default: ATen.
   virtual void add_product(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b) const;
+  // out [m, n] = a [m, k] b [k, n], as add_product (no pass to zero `out`).
+  virtual void write_product(at::Tensor& out, const at::Tensor& a, const at::Tensor& b) const;
 };
 
 }  // namespace ops

@@ -133,9 +133,12 @@ class TileGradients {
     at::Tensor rows_of_grad = grads_.weight.narrow(0, begin, width);
     if (grad.scalar_type() != rows_of_grad.scalar_type()) {
       // Reduced-precision GEMM operands (autocast) into the float32 master
-      // weight's gradient: the kernels' product accumulates in float32.
-      if (first_rows) rows_of_grad.zero_();
-      kernels_.add_product(rows_of_grad, grad.t(), x);
+      // weight's gradient: the kernels' products accumulate in float32.
+      if (first_rows) {
+        kernels_.write_product(rows_of_grad, grad.t(), x);
+      } else {
+        kernels_.add_product(rows_of_grad, grad.t(), x);
+      }
     } else if (first_rows) {
       at::mm_out(rows_of_grad, grad.t(), x);
     } else {

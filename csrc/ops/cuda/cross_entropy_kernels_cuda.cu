@@ -312,13 +312,26 @@ class CudaCrossEntropyKernels final : public CrossEntropyKernels {
   }
 
   void add_product(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b) const override {
+    product(acc, a, b, /*accumulate=*/true);
+  }
+
+  void write_product(at::Tensor& out, const at::Tensor& a, const at::Tensor& b) const override {
+    product(out, a, b, /*accumulate=*/false);
+  }
+
+ private:
+  static void product(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b, bool accumulate) {
     const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
-    if (m == 0 || n == 0 || k == 0) return;
+    if (m == 0 || n == 0) return;
+    if (k == 0) {
+      if (!accumulate) acc.zero_();
+      return;
+    }
     // Row-major operands (the weight gradient's a is a transposed view).
     const at::Tensor a_rows = a.contiguous(), b_rows = b.contiguous();
-    // acc^T [n, m] += b^T [n, k] a^T [k, m], column-major.
+    // acc^T [n, m] (+)= b^T [n, k] a^T [k, m], column-major.
     cuda::cublaslt_gemm(false, false, n, m, k, b_rows, n, a_rows, k, acc, n, at::Tensor(),
-                        /*accumulate=*/true);
+                        accumulate);
   }
 };
 
