@@ -81,7 +81,14 @@ class _RowSparseOptimizer(torch.optim.Optimizer):
         if grad.sparse_dim() != 1:
             raise ValueError(f"{type(self).__name__}: a sparse gradient must be row-sparse (sparse_dim 1), "
                              f"got sparse_dim {grad.sparse_dim()}")
-        grad = grad.coalesce()  # the margin loss's gradient is already coalesced: then free
+        if not grad.is_coalesced() and grad.device.type == "cpu":
+            # autograd's accumulation re-wraps a sparse gradient and drops its coalesced mark (the
+            # margin loss's is built coalesced); strictly increasing rows are coalesced: one pass
+            # over the indices instead of coalesce's sort and copy of the values.
+            rows = grad._indices()[0]
+            if rows.numel() < 2 or bool((rows[1:] > rows[:-1]).all()):
+                return rows, grad._values().reshape(rows.numel(), -1)
+        grad = grad.coalesce()  # free where already marked coalesced
         return grad.indices()[0], grad.values().reshape(grad.indices().shape[1], -1)
 
     def _needs_row_steps(self, group) -> bool:

@@ -211,3 +211,33 @@ def test_a_gradient_sparse_in_two_dims_is_refused():
     with pytest.raises(ValueError, match=r"RowSparseSGD: a sparse gradient must be row-sparse \(sparse_dim 1\), "
                                          r"got sparse_dim 2"):
         ts.optim.RowSparseSGD([param], lr=0.1).step()
+
+
+def test_a_sparse_gradient_not_marked_coalesced_is_read_as_torch_sums_it():
+    """autograd's accumulation drops a sparse gradient's coalesced mark; the optimizer then reads
+    strictly increasing rows as they are and coalesces anything else (unsorted or repeated rows are
+    summed). The same update for the marked gradient, the same rows unmarked, and the rows repeated
+    out of order with halves of the values (exact in binary)."""
+    g = torch.Generator().manual_seed(3)
+    start = torch.randn(ROWS, COLS, generator=g)
+    rows = torch.tensor([1, 4, 5, 11])
+    values = torch.randn(4, COLS, generator=g)
+    marked = torch.sparse_coo_tensor(rows.unsqueeze(0), values, (ROWS, COLS)).coalesce()
+    unmarked = torch.sparse_coo_tensor(rows.unsqueeze(0), values, (ROWS, COLS))
+    order = torch.tensor([3, 0, 2, 1, 0, 3, 1, 2])
+    repeated = torch.sparse_coo_tensor(rows[order].unsqueeze(0), values[order] / 2, (ROWS, COLS))
+    assert marked.is_coalesced() and not unmarked.is_coalesced() and not repeated.is_coalesced()
+    results = []
+    for grad in (marked, unmarked, repeated):
+        for cls, settings in ((ts.optim.RowSparseSGD, SGD_SETTINGS["momentum, weight decay"]),
+                              (ts.optim.RowSparseAdam, ADAM_SETTINGS["weight decay"])):
+            p = start.clone().requires_grad_()
+            opt = cls([p], **settings)
+            for _ in range(2):
+                p.grad = grad.clone()
+                opt.step()
+            results.append(p.detach())
+    for i in range(2, len(results)):
+        assert torch.equal(results[i], results[i % 2]), i
+    changed = (results[0] != start).any(1)
+    assert torch.equal(changed.nonzero().flatten(), rows)
