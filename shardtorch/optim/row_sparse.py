@@ -131,9 +131,14 @@ def _uniform_step(row_step: torch.Tensor) -> Optional[int]:
     return int(low) if int(low) == int(high) else None
 
 
-# Where torch has a fused SGD kernel (torch.optim.SGD(fused=True)'s).
-_FUSED_SGD_DEVICES = ("cpu", "cuda")
-_FUSED_SGD_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+# Where torch has fused SGD and Adam kernels (torch.optim.SGD / Adam(fused=True)'s).
+_FUSED_DEVICES = ("cpu", "cuda")
+_FUSED_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+
+
+def _torch_fuses(param: torch.Tensor, grad: torch.Tensor) -> bool:
+    return (param.device.type in _FUSED_DEVICES and param.dtype in _FUSED_DTYPES and param.is_contiguous()
+            and grad.is_contiguous())
 
 
 class RowSparseSGD(_RowSparseOptimizer):
@@ -163,8 +168,7 @@ class RowSparseSGD(_RowSparseOptimizer):
     def _fuses(group, param, grad, state) -> bool:
         """Whether torch's fused SGD kernel can take this update: not with per-row step counts
         (dampening: a row's first step starts its buffer), nor where torch has no such kernel."""
-        return ("row_step" not in state and param.device.type in _FUSED_SGD_DEVICES
-                and param.dtype in _FUSED_SGD_DTYPES and param.is_contiguous() and grad.is_contiguous())
+        return "row_step" not in state and _torch_fuses(param, grad)
 
     @staticmethod
     def _fused_update(group, param, grad, buf) -> None:
@@ -269,6 +273,15 @@ class RowSparseAdam(_RowSparseOptimizer):
         steps = state["row_step"]
         shared = _uniform_step(steps)
         steps.add_(1)
+        if shared is not None and _torch_fuses(param, grad):
+            # Every row at the same step: torch's fused Adam kernel, one pass over the parameter, its
+            # gradient and moments (torch.optim.Adam(fused=True)'s result bitwise, its step a
+            # float32 tensor as there; the gradient is not written).
+            step = torch.full((), shared + 1, dtype=torch.float32, device=param.device)
+            torch._fused_adam_([param], [grad], [_as_rows(state["exp_avg"])], [_as_rows(state["exp_avg_sq"])], [],
+                               [step], amsgrad=False, lr=group["lr"], beta1=beta1, beta2=beta2,
+                               weight_decay=group["weight_decay"], eps=group["eps"], maximize=False)
+            return
         if group["weight_decay"] != 0:
             grad = grad.add(param, alpha=group["weight_decay"])
         exp_avg, exp_avg_sq = _as_rows(state["exp_avg"]), _as_rows(state["exp_avg_sq"])
