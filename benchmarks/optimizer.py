@@ -4,6 +4,7 @@ On one [rows, cols] float32 parameter (default [500000, 512], the weight shard o
 a 1M-class head on 2 ranks), side by side, per thread count:
 
   torch dense        torch.optim.SGD(foreach=True) / Adam(foreach=True), dense gradient
+  torch fused dense  torch.optim.SGD(fused=True) / Adam(fused=True), dense gradient
   ours dense         ts.optim.RowSparse*, the same dense gradient
   ours kept K        ts.optim.RowSparse*, a row-sparse gradient of K% of the rows
   before ...         the same two with an earlier implementation of ts.optim
@@ -48,6 +49,7 @@ def _methods(kind, ours, before, dense, sparse, kept):
     torch_cls = torch.optim.SGD if kind == "sgd" else torch.optim.Adam
     name = "RowSparseSGD" if kind == "sgd" else "RowSparseAdam"
     methods = {"torch dense": (lambda p: torch_cls([p], foreach=True, **settings), dense),
+               "torch fused dense": (lambda p: torch_cls([p], fused=True, **settings), dense),
                "ours dense": (lambda p: getattr(ours, name)([p], **settings), dense),
                f"ours kept {kept:g}": (lambda p: getattr(ours, name)([p], **settings), sparse)}
     if before is not None:
