@@ -210,16 +210,14 @@ class RowSparseSGD(_RowSparseOptimizer):
 
     def _update_rows(self, group, param, rows, grad, state):
         weight_decay, momentum = group["weight_decay"], group["momentum"]
-        taken, buf = self._scratch_rows(grad, 2)
-        if momentum != 0 and self._fuses(group, param, grad, state):
-            # The kept rows gathered, updated in one fused pass, written back.
-            buffer = _as_rows(state["momentum_buffer"])
-            torch.index_select(param, 0, rows, out=taken)
-            torch.index_select(buffer, 0, rows, out=buf)
-            self._fused_update(group, taken, grad, buf)
-            buffer.index_copy_(0, rows, buf)
-            param.index_copy_(0, rows, taken)
+        if self._fuses(group, param, grad, state) and not torch.is_tensor(group["lr"]):
+            # The kept rows updated in place in one pass (CPU; elsewhere gathered through torch's
+            # fused kernel and written back): csrc/ops/row_sparse_sgd.h.
+            buffer = _as_rows(state["momentum_buffer"]) if momentum != 0 else None
+            torch.ops.shard._row_sparse_sgd_(param, buffer, rows, grad, group["lr"], momentum, weight_decay,
+                                             group["nesterov"])
             return
+        taken, buf = self._scratch_rows(grad, 2)
         if weight_decay != 0:
             d_p = torch.index_select(param, 0, rows, out=taken)
             torch.add(grad, d_p, alpha=weight_decay, out=d_p)
