@@ -221,9 +221,13 @@ FusedHeadResult by_row_blocks(const FusedHead& head, const at::Tensor& input,
 int64_t fused_head_gradient_block_rows(int64_t rows, int64_t max_columns, int64_t features,
                                        int64_t chunk_size) {
   if (rows <= 0) return 0;
-  const int64_t budget =
-      std::max({rows * chunk_size, kGradientBlockMinElements, max_columns * features});
-  const int64_t fit = max_columns > 0 ? budget / max_columns : rows;
+  int64_t fit = rows;
+  if (max_columns > 0) {
+    fit = std::max(rows * chunk_size, kGradientBlockMinElements) / max_columns;
+    // Blocks that thin would have the logits computed twice: a block may
+    // then hold as many logits as the weight gradient has values.
+    if (fit < std::min(rows, kGradientBlockMinRows)) fit = std::max(fit, features);
+  }
   if (fit >= rows) return rows;
   if (fit < kGradientBlockMinRows) return 0;
   const int64_t blocks = (rows + fit - 1) / fit;

@@ -22,16 +22,16 @@
 namespace shardtorch {
 namespace ops {
 
-// The gradients-in-forward path's bound on a block of logits, in elements:
-// the largest of rows x chunk_size, this many (16 MiB of float32), so that
-// small batches are not cut into blocks too thin for a fast GEMM, and the
-// elements of the largest shard of the weight, so that the block never holds
-// more than the weight gradient the call returns anyway (at a million classes
-// the logits of a batch are then computed once: three GEMMs per row)...
+// The gradients-in-forward path's bound on a block of logits: rows x
+// chunk_size elements, or this many (16 MiB of float32) where that is more,
+// so that small batches are not cut into blocks too thin for a fast GEMM...
 constexpr int64_t kGradientBlockMinElements = int64_t{1} << 22;
-// ...and no block has fewer rows than this (unless the batch has): beyond
-// that the logits are recomputed instead. Thinner blocks cost more than the
-// recomputation saves, the weight gradient being summed over every block
+// ...and no block has fewer rows than this (unless the batch has). Where the
+// bound would make blocks thinner, a block may hold as many logits as the
+// weight gradient the call returns anyway (in_features rows of all columns),
+// so that at a million classes the logits are still computed once; only
+// below 128 features are they then recomputed. Thinner blocks cost more than
+// the recomputation saves, the weight gradient being summed over every block
 // (measured on CPU, 1024 rows x 256 features: blocks of 209 rows 0.80 of the
 // recomputing step, 131 rows 0.89, 104 rows 0.94, 83 rows 1.03).
 constexpr int64_t kGradientBlockMinRows = 128;

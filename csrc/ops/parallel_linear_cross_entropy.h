@@ -11,10 +11,10 @@
 //   input [*, in_features] (whole on every rank), weight [local_classes,
 //   in_features], bias [local_classes]; the other arguments as in
 //   parallel_cross_entropy. The logits never exist whole: the extra memory is
-//   O(max(rows x chunk_size, 2^22, local_classes x in_features)) whatever the
-//   number of classes (chunk_size default 4096; 2^22 is
-//   kGradientBlockMinElements of ops/fused_head_driver.h): no more than the
-//   weight gradient.
+//   O(max(rows x chunk_size, 2^22)) whatever the number of classes (chunk_size
+//   default 4096; 2^22 is kGradientBlockMinElements of ops/fused_head_driver.h),
+//   or, where that would make blocks of rows thinner than 128, no more than
+//   the weight gradient (local_classes x in_features).
 //
 // Two ways to the gradients, chosen by autograd:
 // - Gradients in forward (a float32/float64 classifier, reduction mean or

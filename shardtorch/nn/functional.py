@@ -51,7 +51,7 @@ def parallel_embedding(input: torch.Tensor, weight: torch.Tensor, padding_idx: O
 
 
 _REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
-#: Classes per chunk of the fused classifier + loss: O(max(rows x chunk, 2**22, weight shard)) memory.
+#: Classes per chunk of the fused classifier + loss: O(max(rows x chunk, 2**22)) memory (docs/parallel_cross_entropy.md).
 DEFAULT_CHUNK_SIZE = 4096
 
 
@@ -182,8 +182,9 @@ def parallel_linear_cross_entropy(input: torch.Tensor, weight: torch.Tensor,
     """parallel_cross_entropy(input @ weight.T + bias, target, ...) for a
     column-parallel classifier (``weight`` [local_classes, in_features]), without
     materialising the logits: the extra memory is at most max(rows x chunk_size,
-    2**22, local_classes x in_features) elements for any number of classes
-    (``chunk_size`` default 4096), no more than the weight gradient. The
+    2**22) elements for any number of classes (``chunk_size`` default 4096), or,
+    where blocks of rows that size would be thinner than 128 rows, no more than
+    the weight gradient. The
     target is as parallel_cross_entropy's: int64 class indices, or class
     probabilities in the input's dtype or float32, sharded like the classes
     [*, local_classes] or whole [*, num_classes] (no gradient). When

@@ -1,8 +1,9 @@
 """How many GEMMs the fused heads do when they compute their gradients in forward, and what memory
-the blocks of rows take: a block of logits may hold max(rows x chunk_size, 2**22, the largest weight
-shard's elements) values, so wherever the weight has at least 128 features a block of at least 128 rows
-holds every column and the logits are computed once: three GEMMs per row (logits, input gradient,
-weight gradient) at any class count. Below that (few features, many classes) they are computed twice.
+the blocks of rows take: a block of logits holds max(rows x chunk_size, 2**22) values, or, where blocks
+that size would be thinner than 128 rows, as many as the largest weight shard has, so wherever the
+weight has at least 128 features a block of at least 128 rows holds every column and the logits are
+computed once: three GEMMs per row (logits, input gradient, weight gradient) at any class count. Below
+that (few features, many classes) they are computed twice.
 The GEMMs are counted from the profiler's shapes, the results checked against float64 references."""
 import pytest
 import torch
@@ -118,3 +119,20 @@ def test_a_block_of_all_columns_takes_at_most_the_weight_gradients_size(world_of
     extra = _peak_bytes_of(step) - weight_bytes
     block_bytes = 128 * CLASSES * w.element_size()
     assert block_bytes <= extra <= weight_bytes + 4 * CHUNK * 128 * w.element_size() + (1 << 18) * 8, extra
+
+
+@pytest.mark.parametrize("head", ["linear", "margin"])
+def test_blocks_the_lean_bound_already_allows_are_not_enlarged(world_of_one, head):
+    """Where max(rows x chunk_size, 2**22) already holds blocks of 128 rows (a language model's head:
+    many rows), the blocks stay within it: 512 rows x 20000 classes go in 3 blocks of 171 rows (2**22 //
+    20000 = 209), not in blocks as large as the 20000 x 256 weight (2 of 256 rows, 25% more memory)."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(512, 256, generator=g).requires_grad_()
+    w = (torch.randn(20000, 256, generator=g) / 16).requires_grad_()
+    target = torch.randint(0, 20000, (512,), generator=g)
+    _loss_and_backward(head, x, w, target, None)
+    x.grad = w.grad = None
+    extra = _peak_bytes_of(lambda: _loss_and_backward(head, x, w, target, None)) - w.numel() * 4
+    # The block, a chunk's temporaries (the CPU row passes' 2**18 values; a chunk of weight rows and
+    # of logits in the margin head), and below the weight-sized block.
+    assert 171 * 20000 * 4 <= extra <= 171 * 20000 * 4 + (3 << 20) < 256 * 20000 * 4, extra
