@@ -1,6 +1,8 @@
 #include "ops/parallel_linear_margin_cross_entropy_impl.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <any>
@@ -170,6 +172,49 @@ at::Tensor input_rows(const at::Tensor& input, int64_t rows) {
   return input.reshape({rows, input.size(-1)}).contiguous();
 }
 
+// grad_rows [n, features] -= rows (rows . grad_rows) coef in one pass over
+// each row, on the CPU for float and double rows with unit stride (the row
+// stays in cache between its dot and its update: the ATen way reads both
+// weight-sized operands twice). False where it does not apply.
+bool margin_project_rows_cpu(at::Tensor& grad_rows, const at::Tensor& rows,
+                             const at::Tensor& coef) {
+  const at::ScalarType dtype = grad_rows.scalar_type();
+  if (!grad_rows.is_cpu() || (dtype != at::kFloat && dtype != at::kDouble) ||
+      rows.scalar_type() != dtype || coef.scalar_type() != dtype || grad_rows.stride(1) != 1 ||
+      rows.stride(1) != 1) {
+    return false;
+  }
+  const at::Tensor c = coef.contiguous();
+  const int64_t features = rows.size(1);
+  AT_DISPATCH_FLOATING_TYPES(dtype, "margin_project_rows_cpu", [&] {
+    // Partial sums in lanes, so that the dot vectorises (one running sum
+    // would be a chain of dependent additions).
+    constexpr int64_t kLanes = 16;
+    const scalar_t* coef_of = c.const_data_ptr<scalar_t>();
+    const scalar_t* w_base = rows.const_data_ptr<scalar_t>();
+    scalar_t* g_base = grad_rows.mutable_data_ptr<scalar_t>();
+    const int64_t w_stride = rows.stride(0), g_stride = grad_rows.stride(0);
+    at::parallel_for(0, rows.size(0), 64, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        if (coef_of[r] == scalar_t(0)) continue;
+        const scalar_t* w = w_base + r * w_stride;
+        scalar_t* g = g_base + r * g_stride;
+        scalar_t lanes[kLanes] = {};
+        int64_t k = 0;
+        for (; k + kLanes <= features; k += kLanes) {
+          for (int64_t l = 0; l < kLanes; ++l) lanes[l] += g[k + l] * w[k + l];
+        }
+        scalar_t dot = 0;
+        for (; k < features; ++k) dot += g[k] * w[k];
+        for (int64_t l = 0; l < kLanes; ++l) dot += lanes[l];
+        const scalar_t along = dot * coef_of[r];
+        for (k = 0; k < features; ++k) g[k] -= along * w[k];
+      }
+    });
+  });
+  return true;
+}
+
 // A range of weight rows as the head's GEMMs and the normalisation's backward
 // take them: `rows` the raw rows (the weight's dtype; a view without
 // sampling, else the kept rows gathered), `gemm` the same in the GEMMs' dtype
@@ -226,8 +271,8 @@ class MarginHead final : public FusedHead {
     } else {
       values = at::empty({x.size(0), width}, x.options().dtype(out));
       for_each_chunk(begin, width, [&](int64_t c0, int64_t w) {
-        values.narrow(1, c0 - begin, w)
-            .copy_(kernels_.chunk_logits(x, piece(c0, w).gemm, at::Tensor(), out));
+        at::Tensor part = values.narrow(1, c0 - begin, w);
+        logits_into(part, x, piece(c0, w).gemm);
       });
     }
     // cos = (x_unit . w_j) / n_j: the target's first (its margin needs the
@@ -290,6 +335,21 @@ class MarginHead final : public FusedHead {
     }
   }
 
+  // x_unit . w_j of a chunk's columns into `part`, columns of a wider block.
+  // On the CPU the kernels' logits are ATen's mm (and a cast): the GEMM then
+  // writes into the block's columns where the dtypes allow, and a
+  // reduced-precision product is cast by the one copy into them. On CUDA the
+  // kernels give the float32 product of float16/bfloat16 operands.
+  void logits_into(at::Tensor& part, const at::Tensor& x, const at::Tensor& w_gemm) const {
+    if (!x.is_cpu()) {
+      part.copy_(kernels_.chunk_logits(x, w_gemm, at::Tensor(), part.scalar_type()));
+    } else if (w_gemm.scalar_type() == part.scalar_type()) {
+      at::mm_out(part, x, w_gemm.t());
+    } else {
+      part.copy_(at::mm(x, w_gemm.t()));
+    }
+  }
+
   WeightPiece piece(int64_t begin, int64_t width) const {
     const at::Tensor rows = weight_rows_of(w_, kept_, begin, width);
     return {rows, gemm_ ? rows.to(*gemm_) : rows};
@@ -325,6 +385,9 @@ class MarginHead final : public FusedHead {
   void project_out_rows(at::Tensor& grad_rows, const at::Tensor& rows, int64_t begin) const {
     const int64_t n = rows.size(0);
     const at::Tensor norms = this->norms(begin, n);
+    // 1 / n_j^2 where |w_j| >= eps, else 0: [n], small.
+    const at::Tensor coef = at::where(norms.ge(kNormEps), (norms * norms).reciprocal(), 0.0);
+    if (margin_project_rows_cpu(grad_rows, rows, coef)) return;
     at::Tensor along = at::empty({n}, norms.options());
     for (int64_t r0 = 0; r0 < n; r0 += kDotRows) {
       const int64_t r = std::min(kDotRows, n - r0);
@@ -332,8 +395,7 @@ class MarginHead final : public FusedHead {
       at::sum_out(out, grad_rows.narrow(0, r0, r).mul(rows.narrow(0, r0, r)), {1},
                   /*keepdim=*/false, acc_);
     }
-    // (w_j . g_j) / n_j^2 where |w_j| >= eps, else 0.
-    along.div_(norms * norms).masked_fill_(norms.lt(kNormEps), 0.0);
+    along.mul_(coef);
     grad_rows.addcmul_(rows, along.unsqueeze(1).to(grad_rows.scalar_type()), -1.0);
   }
 
