@@ -266,36 +266,43 @@ def _margin_gradients_by_path(path, x, w, target, kept, chunk):
             x, w, target, *common, None, [True, True])
         return loss, gx, gw
     loss, stats = OPS._parallel_linear_margin_cross_entropy_forward(x, w, target, *common, None)
-    gx, gw = OPS._parallel_linear_margin_cross_entropy_backward(torch.ones((), dtype=torch.float64), x, w, stats,
-                                                                target, *common, [True, True])
+    one = torch.ones((), dtype=torch.float64, device=x.device)
+    gx, gw = OPS._parallel_linear_margin_cross_entropy_backward(one, x, w, stats, target, *common, [True, True])
     return loss, gx, gw
 
 
-@pytest.mark.parametrize("path", ["in_forward", "by_chunks"])
-@pytest.mark.parametrize("sampled", [False, True])
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_weight_rows_of_very_different_norms_match_f_normalize_float64(path, sampled, dtype):
+def check_weight_rows_of_very_different_norms(device, path, sampled, dtype):
     """The head normalises on the small side (column scales 1/n_j, then the weight gradient's rows projected,
     g_j - w_j (w_j . g_j) / n_j^2 where |w_j| >= eps): against F.normalize composed in float64, for rows whose
     norms span twelve orders of magnitude, a row below eps and a zero row (targets on them too). Compared row
-    by row relative to each row's own norm, the gradients' rows being as different in size as the rows."""
+    by row relative to each row's own norm, the gradients' rows being as different in size as the rows.
+    Also run on CUDA by tests/gpu/test_margin_cuda.py."""
     rows, classes, features, chunk = 7, 23, 6, 4
     w64 = _weight_of_very_different_norms(classes, features, torch.float64, seed=5)
     g = torch.Generator().manual_seed(6)
     x64 = torch.randn(rows, features, generator=g, dtype=torch.float64)
     target = torch.tensor([1, 2, 0, 22, -100, 7, 2])
     kept = torch.tensor([0, 1, 2, 5, 7, 8, 13, 21, 22]) if sampled else None
-    loss, gx, gw = _margin_gradients_by_path(path, x64.to(dtype), w64.to(dtype), target, kept, chunk)
+    on = (x64.to(device, dtype), w64.to(device, dtype), target.to(device), None if kept is None else kept.to(device))
+    loss, gx, gw = _margin_gradients_by_path(path, *on, chunk)
     x_r, w_r = x64.clone().requires_grad_(), w64.to(dtype).double().requires_grad_()
     ref = margin_cross_entropy_reference(x_r, w_r, target, 16.0, (1.2, 0.3, 0.1), label_smoothing=0.1,
                                          kept_classes=kept)
     ref.backward()
     ref_gw = w_r.grad if kept is None else w_r.grad[kept]
     assert loss.dtype == gx.dtype == gw.dtype == dtype
+    loss, gx, gw = loss.cpu().double(), gx.cpu().double(), gw.cpu().double()
     tol = 1e-10 if dtype == torch.float64 else 2e-5
-    torch.testing.assert_close(loss.double(), ref.detach(), rtol=tol, atol=0)
-    torch.testing.assert_close(gx.double(), x_r.grad, rtol=tol, atol=tol * x_r.grad.abs().max().item())
-    error = (gw.double() - ref_gw).norm(dim=1)
+    torch.testing.assert_close(loss, ref.detach(), rtol=tol, atol=0)
+    torch.testing.assert_close(gx, x_r.grad, rtol=tol, atol=tol * x_r.grad.abs().max().item())
+    error = (gw - ref_gw).norm(dim=1)
     assert (error <= tol * ref_gw.norm(dim=1)).all(), (error / ref_gw.norm(dim=1))
     # The clamped rows' gradient is the unit gradient over eps (no projection): large, and checked above.
     assert ref_gw[1].norm() > 1e6
+
+
+@pytest.mark.parametrize("path", ["in_forward", "by_chunks"])
+@pytest.mark.parametrize("sampled", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_weight_rows_of_very_different_norms_match_f_normalize_float64(path, sampled, dtype):
+    check_weight_rows_of_very_different_norms("cpu", path, sampled, dtype)
