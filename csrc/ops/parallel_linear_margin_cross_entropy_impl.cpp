@@ -1,6 +1,8 @@
 #include "ops/parallel_linear_margin_cross_entropy_impl.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <any>
@@ -29,7 +31,8 @@ constexpr double kNormEps = 1e-12;
 // margin there is taken with this in the denominator instead of 0.
 constexpr double kTinySine = 1e-30;
 
-// Rows of `t` [n, features] divided by their clamped norms.
+// Rows of `t` [n, features] divided by their clamped norms (the input rows:
+// [rows, features], small beside the weight).
 struct NormalizedRows {
   at::Tensor unit;  // [n, features]
   at::Tensor norm;  // [n, 1] clamped norms
@@ -114,34 +117,6 @@ at::Tensor weight_rows_of(const at::Tensor& w, const at::Tensor& kept, int64_t b
                         : w.narrow(0, begin, width);
 }
 
-// One chunk of the margin logits: columns [begin, begin + width) of the
-// classes in the loss (this rank's shard, or its kept classes).
-struct MarginChunk {
-  at::Tensor logits;  // [rows, width]: scale * cos, the target's scale * psi(cos)
-  NormalizedRows weight_rows;
-  TargetColumns at_target;
-  at::Tensor target_slope;  // [rows] float64: d psi / d cos of the target
-};
-
-// x_unit is in the GEMM's dtype (float16/bfloat16 under autocast, the unit
-// weight rows cast to it), the logits in the weight's.
-MarginChunk margin_chunk(const at::Tensor& x_unit, const at::Tensor& w,
-                         const at::Tensor& kept_classes, int64_t begin, int64_t width,
-                         const at::Tensor& target_local, const MarginOptions& margin) {
-  MarginChunk chunk;
-  chunk.weight_rows = normalize_rows(weight_rows_of(w, kept_classes, begin, width));
-  chunk.logits =
-      at::mm(x_unit, chunk.weight_rows.unit.to(x_unit.scalar_type()).t()).to(w.scalar_type());
-  chunk.at_target = target_columns(target_local, begin, width);
-  const at::Tensor cos_target = chunk.logits.gather(1, chunk.at_target.column).squeeze(1);
-  const TargetMargin psi = target_margin(cos_target, margin);
-  chunk.target_slope = psi.slope;
-  chunk.logits.mul_(margin.scale);
-  update_target_entries_(chunk.logits, chunk.at_target,
-                         [&](const at::Tensor&) { return psi.value * margin.scale; });
-  return chunk;
-}
-
 // Each row's target as a column of the kept classes (-1 where not kept or not
 // local), and whether some local target is missing from them.
 struct KeptTargets {
@@ -197,25 +172,87 @@ at::Tensor input_rows(const at::Tensor& input, int64_t rows) {
   return input.reshape({rows, input.size(-1)}).contiguous();
 }
 
+// grad_rows [n, features] -= rows (rows . grad_rows) coef in one pass over
+// each row, on the CPU for float and double rows with unit stride (the row
+// stays in cache between its dot and its update: the ATen way reads both
+// weight-sized operands twice). False where it does not apply.
+bool margin_project_rows_cpu(at::Tensor& grad_rows, const at::Tensor& rows,
+                             const at::Tensor& coef) {
+  const at::ScalarType dtype = grad_rows.scalar_type();
+  if (!grad_rows.is_cpu() || (dtype != at::kFloat && dtype != at::kDouble) ||
+      rows.scalar_type() != dtype || coef.scalar_type() != dtype || grad_rows.stride(1) != 1 ||
+      rows.stride(1) != 1) {
+    return false;
+  }
+  const at::Tensor c = coef.contiguous();
+  const int64_t features = rows.size(1);
+  AT_DISPATCH_FLOATING_TYPES(dtype, "margin_project_rows_cpu", [&] {
+    // Partial sums in lanes, so that the dot vectorises (one running sum
+    // would be a chain of dependent additions).
+    constexpr int64_t kLanes = 16;
+    const scalar_t* coef_of = c.const_data_ptr<scalar_t>();
+    const scalar_t* w_base = rows.const_data_ptr<scalar_t>();
+    scalar_t* g_base = grad_rows.mutable_data_ptr<scalar_t>();
+    const int64_t w_stride = rows.stride(0), g_stride = grad_rows.stride(0);
+    at::parallel_for(0, rows.size(0), 64, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        if (coef_of[r] == scalar_t(0)) continue;
+        const scalar_t* w = w_base + r * w_stride;
+        scalar_t* g = g_base + r * g_stride;
+        scalar_t lanes[kLanes] = {};
+        int64_t k = 0;
+        for (; k + kLanes <= features; k += kLanes) {
+          for (int64_t l = 0; l < kLanes; ++l) lanes[l] += g[k + l] * w[k + l];
+        }
+        scalar_t dot = 0;
+        for (; k < features; ++k) dot += g[k] * w[k];
+        for (int64_t l = 0; l < kLanes; ++l) dot += lanes[l];
+        const scalar_t along = dot * coef_of[r];
+        for (k = 0; k < features; ++k) g[k] -= along * w[k];
+      }
+    });
+  });
+  return true;
+}
+
+// A range of weight rows as the head's GEMMs and the normalisation's backward
+// take them: `rows` the raw rows (the weight's dtype; a view without
+// sampling, else the kept rows gathered), `gemm` the same in the GEMMs' dtype
+// (one cast under autocast, else `rows` itself).
+struct WeightPiece {
+  at::Tensor rows, gemm;
+};
+
 // What the margin head keeps of a range of columns for their gradient.
 struct MarginColumns {
-  at::Tensor target_slope;                    // [rows] float64: d psi / d cos of the target
-  std::optional<NormalizedRows> weight_rows;  // the unit weight rows, for one chunk's range
+  at::Tensor target_slope;           // [rows] float64: d psi / d cos of the target
+  std::optional<WeightPiece> piece;  // the range's rows, where the range is one chunk
 };
 
 // The margin head: scale * cos of unit input rows and unit weight rows, the
-// target's psi(cos). Its temporaries are the size of chunk_size columns: a
-// wider range is made a chunk at a time.
+// target's psi(cos). Its GEMMs take the raw weight rows and the normalisation
+// is applied on the small side: cos = (x_unit . w_j) / n_j with n_j =
+// max(|w_j|, eps), the norms computed once per call (one float per column),
+// the logits' columns and their gradient's scaled by 1 / n_j, and the weight
+// gradient's rows projected at the end (finish_weight_rows). A range of
+// columns that needs a copy of its weight rows (gathered where sampled, cast
+// under autocast) is made a chunk at a time, so that no temporary has the
+// weight's size.
 class MarginHead final : public FusedHead {
  public:
   MarginHead(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& kept,
-             const MarginOptions& margin, int64_t rows, int64_t chunk_size)
+             const MarginOptions& margin, int64_t rows, int64_t chunk_size,
+             const CrossEntropyKernels& kernels)
       : x_(normalize_rows(input_rows(input, rows))),
-        x_gemm_(cast_for_gemm(x_.unit, weight.scalar_type())),
+        gemm_(fused_head_gemm_dtype(weight.scalar_type())),
+        x_gemm_(gemm_ && x_.unit.scalar_type() == at::kFloat ? x_.unit.to(*gemm_) : x_.unit),
         w_(weight.contiguous()),
         kept_(kept),
         margin_(margin),
-        chunk_size_(chunk_size) {}
+        chunk_size_(chunk_size),
+        acc_(cross_entropy_accumulate_type(weight.scalar_type())),
+        kernels_(kernels),
+        rows_are_views_(!kept.defined() && !gemm_) {}
   int64_t columns() const override { return kept_.defined() ? kept_.size(0) : w_.size(0); }
   // The unit input rows, in the GEMMs' dtype (cast once under autocast).
   const at::Tensor& x_rows() const override { return x_gemm_; }
@@ -223,53 +260,68 @@ class MarginHead final : public FusedHead {
 
   LogitChunk logits(const at::Tensor& x, int64_t begin, int64_t width,
                     const at::Tensor& target_local) const override {
-    if (width <= chunk_size_) {
-      MarginChunk chunk = margin_chunk(x, w_, kept_, begin, width, target_local, margin_);
-      return {chunk.logits, MarginColumns{chunk.target_slope, chunk.weight_rows}};
+    const at::ScalarType out = w_.scalar_type();
+    std::optional<WeightPiece> kept_piece;
+    at::Tensor values;
+    if (rows_are_views_) {
+      values = kernels_.chunk_logits(x, w_.narrow(0, begin, width), at::Tensor(), out);
+    } else if (width <= chunk_size_) {
+      kept_piece = piece(begin, width);
+      values = kernels_.chunk_logits(x, kept_piece->gemm, at::Tensor(), out);
+    } else {
+      values = at::empty({x.size(0), width}, x.options().dtype(out));
+      for_each_chunk(begin, width, [&](int64_t c0, int64_t w) {
+        at::Tensor part = values.narrow(1, c0 - begin, w);
+        logits_into(part, x, piece(c0, w).gemm);
+      });
     }
-    at::Tensor values = at::empty({x.size(0), width}, x.options().dtype(w_.scalar_type()));
-    at::Tensor slope = at::zeros({x.size(0)}, x.options().dtype(at::kDouble));
-    for_each_chunk(begin, width, [&](int64_t c0, int64_t w) {
-      const MarginChunk chunk = margin_chunk(x, w_, kept_, c0, w, target_local, margin_);
-      values.narrow(1, c0 - begin, w).copy_(chunk.logits);
-      slope = at::where(chunk.at_target.here, chunk.target_slope, slope);
-    });
-    return {values, MarginColumns{slope, std::nullopt}};
+    // cos = (x_unit . w_j) / n_j: the target's first (its margin needs the
+    // cosine), then every column times scale / n_j in one pass.
+    const at::Tensor inverse = inverse_norms(begin, width);
+    const TargetColumns at_target = target_columns(target_local, begin, width);
+    const at::Tensor column = at_target.column.squeeze(1);
+    const at::Tensor cos_target = values.gather(1, at_target.column).squeeze(1).to(at::kDouble) *
+                                  inverse.index_select(0, column).to(at::kDouble);
+    const TargetMargin psi = target_margin(cos_target, margin_);
+    values.mul_((inverse * margin_.scale).to(out));
+    update_target_entries_(values, at_target,
+                           [&](const at::Tensor&) { return psi.value * margin_.scale; });
+    return {values, MarginColumns{psi.slope, kept_piece}};
   }
 
+  // d loss / d cos -> d loss / d (x_unit . w_j): the target's slope, then the
+  // scale and 1 / n_j, so that both gradient GEMMs take the raw rows.
   void logit_gradient(LogitChunk& chunk, int64_t begin, int64_t width,
                       const at::Tensor& target_local) const override {
     const at::Tensor& slope = std::any_cast<const MarginColumns&>(chunk.state).target_slope;
     update_target_entries_(chunk.values, target_columns(target_local, begin, width),
                            [&](const at::Tensor& g) { return g.to(at::kDouble) * slope; });
-    chunk.values.mul_(margin_.scale);
+    chunk.values.mul_((inverse_norms(begin, width) * margin_.scale).to(chunk.values.scalar_type()));
   }
 
   void add_input_gradient(at::Tensor& grad_x, const at::Tensor& grad, int64_t begin, int64_t width,
                           const LogitChunk& chunk) const override {
-    const auto& rows = std::any_cast<const MarginColumns&>(chunk.state).weight_rows;
-    auto add = [&](const at::Tensor& g, const at::Tensor& w_unit) {
-      if (g.scalar_type() == grad_x.scalar_type() && g.scalar_type() == w_unit.scalar_type()) {
-        grad_x.addmm_(g, w_unit);
-      } else {
-        grad_x.add_(at::mm(g, w_unit.to(g.scalar_type())));
-      }
-    };
-    if (rows.has_value()) return add(grad, rows->unit);
+    const auto& kept_piece = std::any_cast<const MarginColumns&>(chunk.state).piece;
+    if (kept_piece.has_value()) return kernels_.add_product(grad_x, grad, kept_piece->gemm);
+    if (rows_are_views_) return kernels_.add_product(grad_x, grad, w_.narrow(0, begin, width));
     for_each_chunk(begin, width, [&](int64_t c0, int64_t w) {
-      add(grad.narrow(1, c0 - begin, w), normalize_rows(weight_rows_of(w_, kept_, c0, w)).unit);
+      kernels_.add_product(grad_x, grad.narrow(1, c0 - begin, w), piece(c0, w).gemm);
     });
   }
 
+  // The driver's rows are d loss / d w_j taken as if n_j were constant; the
+  // normalisation's derivative takes their part along w_j out:
+  // g_j -= w_j (w_j . g_j) / n_j^2 where |w_j| >= eps (else n_j is eps, a
+  // constant). One row-wise dot and one in-place update per row.
   void finish_weight_rows(at::Tensor& grad_rows, int64_t begin, int64_t width,
                           const LogitChunk* chunk) const override {
     if (chunk != nullptr) {
-      const auto& rows = std::any_cast<const MarginColumns&>(chunk->state).weight_rows;
-      if (rows.has_value()) return normalize_backward_(grad_rows, *rows);
+      const auto& kept_piece = std::any_cast<const MarginColumns&>(chunk->state).piece;
+      if (kept_piece.has_value()) return project_out_rows(grad_rows, kept_piece->rows, begin);
     }
     for_each_chunk(begin, width, [&](int64_t c0, int64_t w) {
       at::Tensor rows_of_grad = grad_rows.narrow(0, c0 - begin, w);
-      normalize_backward_(rows_of_grad, normalize_rows(weight_rows_of(w_, kept_, c0, w)));
+      project_out_rows(rows_of_grad, weight_rows_of(w_, kept_, c0, w), c0);
     });
   }
 
@@ -283,16 +335,84 @@ class MarginHead final : public FusedHead {
     }
   }
 
-  static at::Tensor cast_for_gemm(const at::Tensor& unit, at::ScalarType weight_dtype) {
-    const auto gemm = fused_head_gemm_dtype(weight_dtype);
-    return gemm && unit.scalar_type() == at::kFloat ? unit.to(*gemm) : unit;
+  // x_unit . w_j of a chunk's columns into `part`, columns of a wider block.
+  // On the CPU the kernels' logits are ATen's mm (and a cast): the GEMM then
+  // writes into the block's columns where the dtypes allow, and a
+  // reduced-precision product is cast by the one copy into them. On CUDA the
+  // kernels give the float32 product of float16/bfloat16 operands.
+  void logits_into(at::Tensor& part, const at::Tensor& x, const at::Tensor& w_gemm) const {
+    if (!x.is_cpu()) {
+      part.copy_(kernels_.chunk_logits(x, w_gemm, at::Tensor(), part.scalar_type()));
+    } else if (w_gemm.scalar_type() == part.scalar_type()) {
+      at::mm_out(part, x, w_gemm.t());
+    } else {
+      part.copy_(at::mm(x, w_gemm.t()));
+    }
   }
 
+  WeightPiece piece(int64_t begin, int64_t width) const {
+    const at::Tensor rows = weight_rows_of(w_, kept_, begin, width);
+    return {rows, gemm_ ? rows.to(*gemm_) : rows};
+  }
+
+  // |w_j| of columns [begin, begin + width), unclamped, in the accumulate
+  // dtype. Made for every column at the first use, in one pass over the rows
+  // (a chunk at a time where they must be gathered or upcast): not before,
+  // as kept classes that failed their check must not be gathered.
+  at::Tensor norms(int64_t begin, int64_t width) const {
+    if (!norms_.defined()) {
+      if (!kept_.defined() && w_.scalar_type() == acc_) {
+        norms_ = at::linalg_vector_norm(w_, 2, {1});
+      } else {
+        norms_ = at::empty({columns()}, w_.options().dtype(acc_));
+        for_each_chunk(0, columns(), [&](int64_t c0, int64_t w) {
+          at::Tensor out = norms_.narrow(0, c0, w);
+          at::linalg_vector_norm_out(out, weight_rows_of(w_, kept_, c0, w).to(acc_), 2, {1});
+        });
+      }
+    }
+    return norms_.narrow(0, begin, width);
+  }
+
+  // 1 / max(|w_j|, eps) of columns [begin, begin + width).
+  at::Tensor inverse_norms(int64_t begin, int64_t width) const {
+    return norms(begin, width).clamp_min(kNormEps).reciprocal();
+  }
+
+  // grad_rows [n, features] -= rows (rows . grad_rows) / n_j^2 for columns
+  // [begin, begin + n) whose norm is not clamped. The dot runs a slice of
+  // rows at a time, so that its product stays small (and in cache).
+  void project_out_rows(at::Tensor& grad_rows, const at::Tensor& rows, int64_t begin) const {
+    const int64_t n = rows.size(0);
+    const at::Tensor norms = this->norms(begin, n);
+    // 1 / n_j^2 where |w_j| >= eps, else 0: [n], small.
+    const at::Tensor coef = at::where(norms.ge(kNormEps), (norms * norms).reciprocal(), 0.0);
+    if (margin_project_rows_cpu(grad_rows, rows, coef)) return;
+    at::Tensor along = at::empty({n}, norms.options());
+    for (int64_t r0 = 0; r0 < n; r0 += kDotRows) {
+      const int64_t r = std::min(kDotRows, n - r0);
+      at::Tensor out = along.narrow(0, r0, r);
+      at::sum_out(out, grad_rows.narrow(0, r0, r).mul(rows.narrow(0, r0, r)), {1},
+                  /*keepdim=*/false, acc_);
+    }
+    along.mul_(coef);
+    grad_rows.addcmul_(rows, along.unsqueeze(1).to(grad_rows.scalar_type()), -1.0);
+  }
+
+  static constexpr int64_t kDotRows = 256;
+
   NormalizedRows x_;
-  at::Tensor x_gemm_;  // x_.unit in the GEMMs' dtype
+  std::optional<at::ScalarType> gemm_;  // the autocast GEMM dtype, if any
+  at::Tensor x_gemm_;                   // x_.unit in the GEMMs' dtype
   at::Tensor w_, kept_;
   MarginOptions margin_;
   int64_t chunk_size_;
+  at::ScalarType acc_;
+  const CrossEntropyKernels& kernels_;
+  // Columns' weight rows are slices of the weight as the GEMMs take them (no
+  // sampling, no cast): any range is one GEMM, without a copy.
+  bool rows_are_views_;
+  mutable at::Tensor norms_;  // [columns] |w_j|, unclamped (the projection's mask needs it)
 };
 
 // The kept classes as row indices of the weight. On CUDA their check is not
@@ -358,7 +478,7 @@ std::tuple<at::Tensor, at::Tensor> parallel_linear_margin_cross_entropy_forward_
       prepare_margin_forward(input, weight, target, margin, options, sampled_classes, chunk_size,
                              group, num_classes, kMarginForward);
   const MarginHead head(input, weight, prepared.kept, margin, prepared.setup.target_flat.size(0),
-                        chunk_size);
+                        chunk_size, kernels);
   return fused_head_forward_by_chunks(head, input, target, options, prepared.setup, chunk_size,
                                       kernels, kMarginForward);
 }
@@ -376,7 +496,7 @@ std::tuple<at::Tensor, at::Tensor> parallel_linear_margin_cross_entropy_backward
   const at::ScalarType acc = cross_entropy_accumulate_type(input.scalar_type());
   at::Tensor kept;
   if (is_sampled(sampled_classes)) kept = kept_row_indices(*sampled_classes, weight.size(0));
-  const MarginHead head(input, weight, kept, margin, rows, chunk_size);
+  const MarginHead head(input, weight, kept, margin, rows, chunk_size, kernels);
   const FusedHeadResult grads = fused_head_backward_by_chunks(
       head, input,
       margin_backward_setup(grad_loss, row_stats, target, options, sampled_classes, weight.size(0),
@@ -410,8 +530,8 @@ parallel_linear_margin_cross_entropy_forward_with_gradients_impl(
   } else {
     max_columns = topology::shard_size(setup.layout.num_classes, setup.communicator->size(), 0);
   }
-  const MarginHead head(input, weight, prepared.kept, margin, setup.target_flat.size(0),
-                        chunk_size);
+  const MarginHead head(input, weight, prepared.kept, margin, setup.target_flat.size(0), chunk_size,
+                        kernels);
   const FusedHeadResult out = fused_head_forward_with_gradients(
       head, input, target, options, setup, max_columns, chunk_size, group,
       {output_mask[0], output_mask[1], false}, kernels, kWithGradients,

@@ -97,3 +97,13 @@ def test_gradients_in_forward_paths_match_reference(dtype, tol, rows, classes, s
     torch.testing.assert_close(x_a.grad.double(), x_r.grad, rtol=tol, atol=tol)
     grad_w = w_a.grad.to_dense() if sampled else w_a.grad
     torch.testing.assert_close(grad_w.double(), w_r.grad, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("path", ["in_forward", "by_chunks"])
+@pytest.mark.parametrize("sampled", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_weight_rows_of_very_different_norms_match_f_normalize_float64(path, sampled, dtype):
+    """The normalisation on the small side and the weight gradient's projection (ATen ops on CUDA; a loop of
+    its own on the CPU) for rows of norms 1e-6 to 1e6, one below eps and a zero row."""
+    from tests.ops.test_margin_ops import check_weight_rows_of_very_different_norms
+    check_weight_rows_of_very_different_norms("cuda", path, sampled, dtype)

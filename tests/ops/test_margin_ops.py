@@ -118,8 +118,9 @@ def test_peak_memory_is_bounded_whatever_the_classes():
     gradient it must return, what the loss holds is at most a block of 2**22
     logits (32768 classes: gradients in forward, two blocks of 128 rows) and
     flat in the class count beyond (65536 and 131072: blocks would be too
-    thin, the logits are recomputed chunk by chunk); the control, cosine
-    logits materialised, grows by [rows, classes]."""
+    thin, the logits are recomputed chunk by chunk) but for the weight rows'
+    norms the head keeps, one float32 per class; the control, cosine logits
+    materialised, grows by [rows, classes]."""
     torch.manual_seed(0)
     rows, features, chunk = 256, 8, 2048
     x = torch.randn(rows, features, requires_grad=True)
@@ -149,7 +150,7 @@ def test_peak_memory_is_bounded_whatever_the_classes():
     block = (1 << 22) * 4
     assert block <= fused[32768] <= block + 128 * chunk * 4 + (1 << 20) + (256 << 10), (fused, control)
     assert 0 < fused[65536] <= rows * chunk * 4 * 8, fused
-    assert fused[131072] <= fused[65536] + 64 * 1024, (fused, control)
+    assert fused[131072] <= fused[65536] + (131072 - 65536) * 4 + 64 * 1024, (fused, control)
 
 
 @pytest.mark.parametrize("rows,classes,sampled", [
@@ -240,3 +241,68 @@ def test_autocast_with_a_bfloat16_sampled_margin_loss_gives_its_weight_a_row_spa
     assert (x.grad.double() - x64.grad).norm() <= 8 * u * x64.grad.norm()
     assert (grad.to_dense().double() - w64.grad).norm() <= 8 * u * w64.grad.norm()
     assert grad.coalesce().values().abs().sum() > 0
+
+
+def _weight_of_very_different_norms(classes, features, dtype, seed):
+    """Rows whose norms span 1e-6 to 1e6, one row of norm ~1e-14 and one of 0 (both below F.normalize's eps,
+    1e-12, so that their norm is clamped and the projection does not apply)."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(classes, features, generator=g, dtype=torch.float64)
+    w /= w.norm(dim=1, keepdim=True)
+    w *= (10.0 ** (12 * torch.rand(classes, 1, generator=g, dtype=torch.float64) - 6))
+    w[1] *= 1e-14
+    w[2] = 0.0
+    return w.to(dtype)
+
+
+def _margin_gradients_by_path(path, x, w, target, kept, chunk):
+    """(loss, grad input, grad weight rows) from the op's internal entry points, so that each of the head's
+    paths is exercised whatever the driver would choose: gradients in forward (rows in one block holding every
+    column, made chunk by chunk where the rows are gathered), or the logits by chunks forward and again in the
+    separate backward."""
+    common = (16.0, 1.2, 0.3, 0.1, False, -100, 0.1, 1, kept, chunk, "tp")
+    if path == "in_forward":
+        loss, _, gx, gw = OPS._parallel_linear_margin_cross_entropy_forward_with_gradients(
+            x, w, target, *common, None, [True, True])
+        return loss, gx, gw
+    loss, stats = OPS._parallel_linear_margin_cross_entropy_forward(x, w, target, *common, None)
+    one = torch.ones((), dtype=torch.float64, device=x.device)
+    gx, gw = OPS._parallel_linear_margin_cross_entropy_backward(one, x, w, stats, target, *common, [True, True])
+    return loss, gx, gw
+
+
+def check_weight_rows_of_very_different_norms(device, path, sampled, dtype):
+    """The head normalises on the small side (column scales 1/n_j, then the weight gradient's rows projected,
+    g_j - w_j (w_j . g_j) / n_j^2 where |w_j| >= eps): against F.normalize composed in float64, for rows whose
+    norms span twelve orders of magnitude, a row below eps and a zero row (targets on them too). Compared row
+    by row relative to each row's own norm, the gradients' rows being as different in size as the rows.
+    Also run on CUDA by tests/gpu/test_margin_cuda.py."""
+    rows, classes, features, chunk = 7, 23, 6, 4
+    w64 = _weight_of_very_different_norms(classes, features, torch.float64, seed=5)
+    g = torch.Generator().manual_seed(6)
+    x64 = torch.randn(rows, features, generator=g, dtype=torch.float64)
+    target = torch.tensor([1, 2, 0, 22, -100, 7, 2])
+    kept = torch.tensor([0, 1, 2, 5, 7, 8, 13, 21, 22]) if sampled else None
+    on = (x64.to(device, dtype), w64.to(device, dtype), target.to(device), None if kept is None else kept.to(device))
+    loss, gx, gw = _margin_gradients_by_path(path, *on, chunk)
+    x_r, w_r = x64.clone().requires_grad_(), w64.to(dtype).double().requires_grad_()
+    ref = margin_cross_entropy_reference(x_r, w_r, target, 16.0, (1.2, 0.3, 0.1), label_smoothing=0.1,
+                                         kept_classes=kept)
+    ref.backward()
+    ref_gw = w_r.grad if kept is None else w_r.grad[kept]
+    assert loss.dtype == gx.dtype == gw.dtype == dtype
+    loss, gx, gw = loss.cpu().double(), gx.cpu().double(), gw.cpu().double()
+    tol = 1e-10 if dtype == torch.float64 else 2e-5
+    torch.testing.assert_close(loss, ref.detach(), rtol=tol, atol=0)
+    torch.testing.assert_close(gx, x_r.grad, rtol=tol, atol=tol * x_r.grad.abs().max().item())
+    error = (gw - ref_gw).norm(dim=1)
+    assert (error <= tol * ref_gw.norm(dim=1)).all(), (error / ref_gw.norm(dim=1))
+    # The clamped rows' gradient is the unit gradient over eps (no projection): large, and checked above.
+    assert ref_gw[1].norm() > 1e6
+
+
+@pytest.mark.parametrize("path", ["in_forward", "by_chunks"])
+@pytest.mark.parametrize("sampled", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_weight_rows_of_very_different_norms_match_f_normalize_float64(path, sampled, dtype):
+    check_weight_rows_of_very_different_norms("cpu", path, sampled, dtype)
