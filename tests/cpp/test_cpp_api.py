@@ -44,12 +44,16 @@ def _run(cmd, timeout, what, **kwargs):
 
 def _configure_and_build(source: str, build_dir: str, *extra_args: str) -> None:
     prefix = shardtorch.cmake_prefix_path + ";" + torch.utils.cmake_prefix_path
+    # ccache (CMakeLists.txt's launcher) keys on paths relative to the checkout, as scripts/setup.sh's
+    # build does: a fresh clone (CI's) then reuses the objects another clone compiled from the same
+    # sources and headers (its venv is inside the checkout too) instead of compiling for a minute.
+    env = dict(os.environ, CCACHE_BASEDIR=REPO)
     # -O1: these programs test correctness; compiling them is most of the time.
     _run(["cmake", "-S", source, "-B", build_dir, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
           "-DCMAKE_CXX_FLAGS_RELEASE=-O1", f"-DCMAKE_PREFIX_PATH={prefix}", *extra_args],
-         300, f"configuring {source}")
+         300, f"configuring {source}", env=env)
     _run(["cmake", "--build", build_dir, "--parallel", str(min(2, os.cpu_count() or 1))], 900,
-         f"building {source}")
+         f"building {source}", env=env)
 
 
 def _torchrun_wrapper() -> str:

@@ -4,7 +4,7 @@ A launch at size A trains K_STEPS with each optimizer, checks the collected
 model and optimizer state against the unsharded float64 reference, and saves
 (collected files and save_sharded). A later launch at size B loads them into a
 fresh model and optimizer, trains M_STEPS more and checks everything against
-the uninterrupted unsharded run. Errors go to SHARDTORCH_CKPT_DIR/errors-*.json. The row-sparse optimizers'
+the uninterrupted unsharded run. Errors go to SHARDTORCH_OPTIM_STATE_DIR/errors-*.json. The row-sparse optimizers'
 state (shardtorch.optim) runs in the same launches (cases_row_sparse_state.py)."""
 import json
 import os
@@ -27,7 +27,7 @@ TOLERANCE = 1e-12
 
 
 def _dir(*parts):
-    return os.path.join(os.environ["SHARDTORCH_CKPT_DIR"], *parts)
+    return os.path.join(os.environ["SHARDTORCH_OPTIM_STATE_DIR"], *parts)
 
 
 def _tag():

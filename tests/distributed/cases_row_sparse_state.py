@@ -106,7 +106,7 @@ class _Reference:
 
 
 def _dir(*parts):
-    return os.path.join(os.environ["SHARDTORCH_CKPT_DIR"], *parts)
+    return os.path.join(os.environ["SHARDTORCH_OPTIM_STATE_DIR"], *parts)
 
 
 def _tag():

@@ -1,9 +1,11 @@
 """Checkpoints across tensor-parallel sizes: save at one size in one launch,
 load in later launches at others (1 -> 2 -> 4 -> 2, 4 -> 1, and the 2-D layout
-of 2 data-parallel x 2 tensor-parallel groups). Tests run in file order."""
+of 2 data-parallel x 2 tensor-parallel groups). The phases run once per session, in this
+order, beside test_optimizer_state.py's where sizes and order allow (checkpoint_phases.py)."""
 import pytest
 
-from tests.distributed.harness import check_phases, launch
+from tests.distributed import checkpoint_phases
+from tests.distributed.harness import check_phases
 
 MODULE = "tests.distributed.cases_checkpoint"
 ANY_SIZE = ["case_collect_equals_unsharded_reference", "case_relocate_round_trip_and_from_plain",
@@ -34,20 +36,15 @@ def test_every_case_runs_in_a_phase():
     check_phases(MODULE, PHASES)
 
 
-@pytest.fixture(scope="module")
-def checkpoint_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("checkpoints"))
-
-
 @pytest.mark.parametrize("phase", list(PHASES))
-def test_checkpoint_phase(checkpoint_dir, phase):
-    world, group, cases = PHASES[phase]
-    env = {"SHARDTORCH_CKPT_DIR": checkpoint_dir}
-    if phase == "killed_save":
-        with pytest.raises(RuntimeError, match="exited with 17"):
-            launch(MODULE, world, group, cases=cases, env=env)
+def test_checkpoint_phase(phase):
+    results = checkpoint_phases.outcome(MODULE, phase)
+    if phase == "killed_save":  # its ranks die midway through a save
+        assert isinstance(results, RuntimeError) and "exited with 17" in str(results), results
         return
-    results = launch(MODULE, world, group, cases=cases, env=env)
+    if isinstance(results, RuntimeError):  # a rank crashed
+        raise results
     failed = {case: error for case, error in results.items() if error is not None}
     assert not failed, "\n\n".join(f"{case}:\n{error}" for case, error in failed.items())
+    assert set(results) == set(PHASES[phase][2]), results
 

@@ -16,9 +16,11 @@ def _json_lines(output):
 
 
 @pytest.mark.parametrize("mode", ["die", "stall"])
-def test_peer_failure_becomes_an_error_within_the_timeout(mode):
+def test_peer_failure_becomes_an_error_within_the_timeout(mode, tmp_path):
     timeout = 6.0
-    results = run_script(os.path.join(SCRIPTS, "peer_failure.py"), 2, [mode, timeout], timeout=120)
+    # The stalled rank stays stalled until the survivor has reported (not a fixed 4 timeouts).
+    results = run_script(os.path.join(SCRIPTS, "peer_failure.py"), 2, [mode, timeout], timeout=120,
+                         env={"PEER_FAILURE_DONE_FILE": str(tmp_path / "survivor-done")})
     (survivor,) = _json_lines(results[0][1]) or [None]
     assert survivor is not None, results[0][1][-3000:]
     assert survivor["error"] is not None, "the surviving rank's op did not fail"

@@ -1,6 +1,7 @@
 """Optimizer state across sizes: train at size A, save, load at size B, train
 more; every parameter and state tensor equal to the uninterrupted unsharded
-float64 run within 1e-12 (cases_optimizer_state.py). Phases run in file order,
+float64 run within 1e-12 (cases_optimizer_state.py). Phases run once per session in this order
+(beside test_checkpoint.py's where sizes and order allow: checkpoint_phases.py),
 each loading what the previous one saved: 1 -> 2 -> 4 -> 2x2 -> 3 -> 1 (and a save
 killed midway at 1, loaded at 2); at 2 and 3, torch.distributed.checkpoint.
 state_dict's FQN-keyed form goes out to and comes in from single-process torch
@@ -15,7 +16,8 @@ import os
 import pytest
 import torch
 
-from tests.distributed.harness import check_phases, launch
+from tests.distributed import checkpoint_phases
+from tests.distributed.harness import check_phases
 from tests.distributed.optimizer_models import (FRESH_SEED, K_STEPS, M_STEPS, OPTIMIZERS, build, make_optimizer,
                                                 max_error, reference, train)
 
@@ -49,21 +51,22 @@ def test_every_case_runs_in_a_phase():
 
 
 @pytest.fixture(scope="module")
-def checkpoint_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("optimizer_state"))
+def checkpoint_dir():
+    """The folder the phases saved into (they have all run once it is given)."""
+    return checkpoint_phases.folder(MODULE)
 
 
 @pytest.mark.parametrize("phase", list(PHASES))
-def test_optimizer_state_phase(checkpoint_dir, phase):
-    world, group, cases = PHASES[phase]
-    if phase == "killed_save":
-        with pytest.raises(RuntimeError, match="exited with 17"):
-            launch(MODULE, world, group, cases=cases, env={"SHARDTORCH_CKPT_DIR": checkpoint_dir})
+def test_optimizer_state_phase(phase):
+    results = checkpoint_phases.outcome(MODULE, phase)
+    if phase == "killed_save":  # its ranks die midway through a save
+        assert isinstance(results, RuntimeError) and "exited with 17" in str(results), results
         return
-    results = launch(MODULE, world, group, cases=cases, env={"SHARDTORCH_CKPT_DIR": checkpoint_dir})
+    if isinstance(results, RuntimeError):  # a rank crashed
+        raise results
     failed = {case: error for case, error in results.items() if error is not None}
     assert not failed, "\n\n".join(f"{case}:\n{error}" for case, error in failed.items())
-    assert set(results) == set(cases), results
+    assert set(results) == set(PHASES[phase][2]), results
 
 
 @pytest.mark.parametrize("kind", list(OPTIMIZERS))

@@ -36,9 +36,17 @@ def init_with_timeout():
 
 
 def report_after_the_timeout(seconds):
-    """Stays alive past the timeout, so that a peer left waiting is not freed
-    by this rank's exit, then reports."""
-    time.sleep(max(0.0, float(sys.argv[2]) + 2 - seconds))
+    """Stays alive until every rank is done with its calls, else past the
+    timeout, so that a peer left waiting is not freed by this rank's exit (it
+    times out instead, and says so), then reports. Each rank marks itself done
+    with a file in BAD_SETUP_DONE_DIR (no collective); without that variable it
+    stays the whole timeout."""
+    done_dir, until = os.environ.get("BAD_SETUP_DONE_DIR"), time.monotonic() + float(sys.argv[2]) + 2 - seconds
+    if done_dir:
+        open(os.path.join(done_dir, f"done-{rank}"), "w").close()
+    while time.monotonic() < until and not (
+            done_dir and all(os.path.exists(os.path.join(done_dir, f"done-{r}")) for r in range(world))):
+        time.sleep(0.1)
     print(json.dumps({"rank": rank, "results": results, "seconds": seconds}), flush=True)
     os._exit(0)
 

@@ -7,7 +7,11 @@ Arguments: mode, timeout in seconds, device ("cpu": Gloo, the default;
 "cuda": NCCL, one GPU per rank). On CUDA the op returns before the collective
 runs, so each step synchronises; under SHARDTORCH_ON_COMM_FAILURE=raise the
 step that meets the aborted communicator raises (the default policy ends the
-process instead, with the watchdog's message on stderr)."""
+process instead, with the watchdog's message on stderr).
+
+PEER_FAILURE_DONE_FILE (optional): the surviving rank 0 creates this file once it has printed,
+and a stalled rank 1 ends as soon as it sees it (at most 4 timeouts later): the stall then
+lasts as long as the survivor needs, not a fixed 4 timeouts."""
 import datetime
 import json
 import os
@@ -38,7 +42,9 @@ step()  # every rank healthy once
 if rank == 1:
     if mode == "die":
         os._exit(3)
-    time.sleep(timeout_s * 4)
+    done_file, until = os.environ.get("PEER_FAILURE_DONE_FILE"), time.monotonic() + timeout_s * 4
+    while time.monotonic() < until and not (done_file and os.path.exists(done_file)):
+        time.sleep(0.2)  # stalled: no collective, no store call
     os._exit(0)
 start = time.monotonic()
 try:
@@ -49,4 +55,6 @@ except RuntimeError as e:
     error = str(e)
 print(json.dumps({"seconds": time.monotonic() - start, "error": error,
                   "group_timeout": ts._C.group_timeout("tp")}), flush=True)
+if rank == 0 and os.environ.get("PEER_FAILURE_DONE_FILE"):
+    open(os.environ["PEER_FAILURE_DONE_FILE"], "w").close()
 os._exit(0)
