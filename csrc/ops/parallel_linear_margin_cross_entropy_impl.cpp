@@ -110,13 +110,6 @@ void update_target_entries_(at::Tensor& values, const TargetColumns& at_target, 
   values.scatter_(1, at_target.column, updated.unsqueeze(1));
 }
 
-// Rows [begin, begin + width) of the weight in the loss's column order.
-at::Tensor weight_rows_of(const at::Tensor& w, const at::Tensor& kept, int64_t begin,
-                          int64_t width) {
-  return kept.defined() ? w.index_select(0, kept.narrow(0, begin, width))
-                        : w.narrow(0, begin, width);
-}
-
 // Each row's target as a column of the kept classes (-1 where not kept or not
 // local), and whether some local target is missing from them.
 struct KeptTargets {
@@ -234,9 +227,10 @@ struct MarginColumns {
 // is applied on the small side: cos = (x_unit . w_j) / n_j with n_j =
 // max(|w_j|, eps), the norms computed once per call (one float per column),
 // the logits' columns and their gradient's scaled by 1 / n_j, and the weight
-// gradient's rows projected at the end (finish_weight_rows). A range of
-// columns that needs a copy of its weight rows (gathered where sampled, cast
-// under autocast) is made a chunk at a time, so that no temporary has the
+// gradient's rows projected at the end (finish_weight_rows). With sampling
+// the kept rows are gathered once, at their first use (as large as the
+// row-sparse gradient the call returns); under autocast a range of columns
+// is cast a chunk at a time, so that no reduced-precision copy has the
 // weight's size.
 class MarginHead final : public FusedHead {
  public:
@@ -252,7 +246,7 @@ class MarginHead final : public FusedHead {
         chunk_size_(chunk_size),
         acc_(cross_entropy_accumulate_type(weight.scalar_type())),
         kernels_(kernels),
-        rows_are_views_(!kept.defined() && !gemm_) {}
+        rows_are_views_(!gemm_) {}
   int64_t columns() const override { return kept_.defined() ? kept_.size(0) : w_.size(0); }
   // The unit input rows, in the GEMMs' dtype (cast once under autocast).
   const at::Tensor& x_rows() const override { return x_gemm_; }
@@ -264,7 +258,7 @@ class MarginHead final : public FusedHead {
     std::optional<WeightPiece> kept_piece;
     at::Tensor values;
     if (rows_are_views_) {
-      values = kernels_.chunk_logits(x, w_.narrow(0, begin, width), at::Tensor(), out);
+      values = kernels_.chunk_logits(x, rows_of(begin, width), at::Tensor(), out);
     } else if (width <= chunk_size_) {
       kept_piece = piece(begin, width);
       values = kernels_.chunk_logits(x, kept_piece->gemm, at::Tensor(), out);
@@ -303,7 +297,7 @@ class MarginHead final : public FusedHead {
                           const LogitChunk& chunk) const override {
     const auto& kept_piece = std::any_cast<const MarginColumns&>(chunk.state).piece;
     if (kept_piece.has_value()) return kernels_.add_product(grad_x, grad, kept_piece->gemm);
-    if (rows_are_views_) return kernels_.add_product(grad_x, grad, w_.narrow(0, begin, width));
+    if (rows_are_views_) return kernels_.add_product(grad_x, grad, rows_of(begin, width));
     for_each_chunk(begin, width, [&](int64_t c0, int64_t w) {
       kernels_.add_product(grad_x, grad.narrow(1, c0 - begin, w), piece(c0, w).gemm);
     });
@@ -321,7 +315,7 @@ class MarginHead final : public FusedHead {
     }
     for_each_chunk(begin, width, [&](int64_t c0, int64_t w) {
       at::Tensor rows_of_grad = grad_rows.narrow(0, c0 - begin, w);
-      project_out_rows(rows_of_grad, weight_rows_of(w_, kept_, c0, w), c0);
+      project_out_rows(rows_of_grad, rows_of(c0, w), c0);
     });
   }
 
@@ -350,24 +344,32 @@ class MarginHead final : public FusedHead {
     }
   }
 
+  // Rows [begin, begin + width) of the weight in the loss's column order: a
+  // view of the weight, or of the kept rows gathered at the first use (not
+  // before: kept classes that failed their check must not be gathered).
+  at::Tensor rows_of(int64_t begin, int64_t width) const {
+    if (!kept_.defined()) return w_.narrow(0, begin, width);
+    if (!gathered_.defined()) gathered_ = w_.index_select(0, kept_);
+    return gathered_.narrow(0, begin, width);
+  }
+
   WeightPiece piece(int64_t begin, int64_t width) const {
-    const at::Tensor rows = weight_rows_of(w_, kept_, begin, width);
+    const at::Tensor rows = rows_of(begin, width);
     return {rows, gemm_ ? rows.to(*gemm_) : rows};
   }
 
   // |w_j| of columns [begin, begin + width), unclamped, in the accumulate
   // dtype. Made for every column at the first use, in one pass over the rows
-  // (a chunk at a time where they must be gathered or upcast): not before,
-  // as kept classes that failed their check must not be gathered.
+  // (a chunk at a time where they must be upcast).
   at::Tensor norms(int64_t begin, int64_t width) const {
     if (!norms_.defined()) {
-      if (!kept_.defined() && w_.scalar_type() == acc_) {
-        norms_ = at::linalg_vector_norm(w_, 2, {1});
+      if (w_.scalar_type() == acc_) {
+        norms_ = at::linalg_vector_norm(rows_of(0, columns()), 2, {1});
       } else {
         norms_ = at::empty({columns()}, w_.options().dtype(acc_));
         for_each_chunk(0, columns(), [&](int64_t c0, int64_t w) {
           at::Tensor out = norms_.narrow(0, c0, w);
-          at::linalg_vector_norm_out(out, weight_rows_of(w_, kept_, c0, w).to(acc_), 2, {1});
+          at::linalg_vector_norm_out(out, rows_of(c0, w).to(acc_), 2, {1});
         });
       }
     }
@@ -409,10 +411,11 @@ class MarginHead final : public FusedHead {
   int64_t chunk_size_;
   at::ScalarType acc_;
   const CrossEntropyKernels& kernels_;
-  // Columns' weight rows are slices of the weight as the GEMMs take them (no
-  // sampling, no cast): any range is one GEMM, without a copy.
+  // Columns' weight rows are slices of the weight (or of the gathered kept
+  // rows) as the GEMMs take them (no cast): any range is one GEMM, no copy.
   bool rows_are_views_;
-  mutable at::Tensor norms_;  // [columns] |w_j|, unclamped (the projection's mask needs it)
+  mutable at::Tensor gathered_;  // with sampling: the kept rows [columns, features]
+  mutable at::Tensor norms_;     // [columns] |w_j|, unclamped (the projection's mask needs it)
 };
 
 // The kept classes as row indices of the weight. On CUDA their check is not

@@ -136,3 +136,25 @@ def test_blocks_the_lean_bound_already_allows_are_not_enlarged(world_of_one, hea
     # The block, a chunk's temporaries (the CPU row passes' 2**18 values; a chunk of weight rows and
     # of logits in the margin head), and below the weight-sized block.
     assert 171 * 20000 * 4 <= extra <= 171 * 20000 * 4 + (3 << 20) < 256 * 20000 * 4, extra
+
+
+def test_sampled_margin_gathers_the_kept_rows_once(world_of_one):
+    """With sampling the margin head gathers the kept rows once per call (a copy as large as the
+    row-sparse gradient it returns) and makes its logits, both gradients and the normalisation's
+    derivative from it: beyond that gradient the loss holds the gathered rows and one block, here the
+    13501 kept rows x 128 features and 256 rows x 13501 classes (2**22 holds them: one block)."""
+    x, w, target, kept = _case("margin_sampled", 128)
+    xs, ws = x.requires_grad_(), w.requires_grad_()
+    _loss_and_backward("margin_sampled", xs, ws, target, kept)
+    xs.grad = ws.grad = None
+    gradient_bytes = kept.numel() * (128 * w.element_size() + 8)  # values and row indices
+    extra = _peak_bytes_of(lambda: _loss_and_backward("margin_sampled", xs, ws, target, kept)) - gradient_bytes
+    gathered, block = kept.numel() * 128 * w.element_size(), ROWS * kept.numel() * w.element_size()
+    assert gathered + block <= extra <= gathered + block + (3 << 20), (extra, gathered, block)
+    # index_select of the kept rows once: the profiler sees one gather of all of them.
+    from torch.profiler import profile
+    with profile(record_shapes=True) as prof:
+        _loss_and_backward("margin_sampled", xs, ws, target, kept)
+    gathers = [e.shapes()[2] for e in prof.profiler.kineto_results.events() if e.name() == "aten::index_select"
+               and len(e.shapes()[0]) == 2 and e.shapes()[0][0] == CLASSES]
+    assert gathers == [[kept.numel()]], gathers
