@@ -72,6 +72,19 @@ def launch(script: str, world_size: int, args: list, timeout: float = 1800) -> l
         return results
 
 
+def world_of_one(prefix: str = "shardtorch-bench-") -> None:
+    """A world of one rank in this process (Gloo over a FileStore in a fresh
+    temporary path) and shardtorch's groups on it, for one-process benchmarks."""
+    import torch.distributed as dist
+
+    import shardtorch as ts
+    fd, path = tempfile.mkstemp(prefix=prefix)
+    os.close(fd)
+    os.unlink(path)
+    dist.init_process_group("gloo", store=dist.FileStore(path, 1), rank=0, world_size=1)
+    ts.distributed.init_process_group(group_size=1)
+
+
 def write_result(result) -> None:
     with open(os.environ["BENCH_OUT"], "w") as f:
         json.dump(result, f)

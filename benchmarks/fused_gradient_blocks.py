@@ -15,13 +15,16 @@ step times, the three interleaved step by step; read the ratios.
 import argparse
 import os
 import statistics
-import tempfile
+import sys
 import time
 
 import torch
 import torch.distributed as dist
 
 import shardtorch as ts
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
 
 
 def main():
@@ -30,11 +33,7 @@ def main():
     parser.add_argument("--features", type=int, default=256)
     parser.add_argument("--iters", type=int, default=5)
     args = parser.parse_args()
-    fd, path = tempfile.mkstemp(prefix="shardtorch-bench-")
-    os.close(fd)
-    os.unlink(path)
-    dist.init_process_group("gloo", store=dist.FileStore(path, 1), rank=0, world_size=1)
-    ts.distributed.init_process_group(group_size=1)
+    common.world_of_one()
     torch.set_num_threads(1)
     ops = torch.ops.shard
     print("| rows | classes | rows per block (2^22 / classes) | in forward ms | recomputed ms | unfused ms "

@@ -16,7 +16,7 @@ Writes DIR/gpu_probe.json and prints a summary table.
 import argparse
 import json
 import os
-import tempfile
+import sys
 import time
 
 import torch
@@ -26,13 +26,12 @@ import torch.nn.functional as F
 import shardtorch as ts
 from shardtorch.utils.host_syncs import host_syncs, profiled_host_syncs
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
 
 def world_of_one():
-    fd, path = tempfile.mkstemp(prefix="shardtorch-probe-")
-    os.close(fd)
-    os.unlink(path)
-    dist.init_process_group("gloo", store=dist.FileStore(path, 1), rank=0, world_size=1)
-    ts.distributed.init_process_group(group_size=1)
+    common.world_of_one("shardtorch-probe-")
 
 
 def timed(fn, steps):

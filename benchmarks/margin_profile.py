@@ -18,7 +18,6 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -46,11 +45,7 @@ def main():
     import shardtorch as ts
 
     torch.set_num_threads(1)
-    fd, store = tempfile.mkstemp(prefix="margin-profile-")
-    os.close(fd)
-    os.unlink(store)
-    dist.init_process_group("gloo", store=dist.FileStore(store, 1), rank=0, world_size=1)
-    ts.distributed.init_process_group(group_size=1)
+    common.world_of_one("margin-profile-")
     torch.manual_seed(0)
     loss_fn = ts.nn.ParallelMarginLoss(args.features, args.classes, SCALE, (1.0, MARGIN, 0.0), seed=1,
                                        sample_rate=args.rate)
