@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import shardtorch as ts
+from tests.ops.test_cross_entropy_ops import _peak_bytes_of
 from tests.reference import cross_entropy_reference, margin_cross_entropy_reference
 
 GEMMS = ("aten::mm", "aten::addmm", "aten::addmm_")
@@ -29,13 +30,6 @@ def _gemm_flops(step):
             (m, k), (_, n) = shapes[:2] if e.name() == "aten::mm" else shapes[1:3]
             flops += 2 * m * k * n
     return out, flops
-
-
-def _peak_bytes_of(fn):
-    from shardtorch.utils.memory import PeakMemory
-    with PeakMemory("cpu") as peak:
-        fn()
-    return peak.peak_bytes
 
 
 def _case(head, features):
