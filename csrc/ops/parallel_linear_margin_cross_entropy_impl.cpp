@@ -208,18 +208,12 @@ bool margin_project_rows_cpu(at::Tensor& grad_rows, const at::Tensor& rows,
   return true;
 }
 
-// A range of weight rows as the head's GEMMs and the normalisation's backward
-// take them: `rows` the raw rows (the weight's dtype; a view without
-// sampling, else the kept rows gathered), `gemm` the same in the GEMMs' dtype
-// (one cast under autocast, else `rows` itself).
-struct WeightPiece {
-  at::Tensor rows, gemm;
-};
-
 // What the margin head keeps of a range of columns for their gradient.
 struct MarginColumns {
-  at::Tensor target_slope;           // [rows] float64: d psi / d cos of the target
-  std::optional<WeightPiece> piece;  // the range's rows, where the range is one chunk
+  at::Tensor target_slope;  // [rows] float64: d psi / d cos of the target
+  // Under autocast, where the range is one chunk: its weight rows cast to the
+  // GEMMs' dtype (for the input gradient); else undefined.
+  at::Tensor cast_rows;
 };
 
 // The margin head: scale * cos of unit input rows and unit weight rows, the
@@ -255,18 +249,17 @@ class MarginHead final : public FusedHead {
   LogitChunk logits(const at::Tensor& x, int64_t begin, int64_t width,
                     const at::Tensor& target_local) const override {
     const at::ScalarType out = w_.scalar_type();
-    std::optional<WeightPiece> kept_piece;
-    at::Tensor values;
+    at::Tensor cast_rows, values;
     if (rows_are_views_) {
       values = kernels_.chunk_logits(x, rows_of(begin, width), at::Tensor(), out);
     } else if (width <= chunk_size_) {
-      kept_piece = piece(begin, width);
-      values = kernels_.chunk_logits(x, kept_piece->gemm, at::Tensor(), out);
+      cast_rows = gemm_rows(begin, width);
+      values = kernels_.chunk_logits(x, cast_rows, at::Tensor(), out);
     } else {
       values = at::empty({x.size(0), width}, x.options().dtype(out));
       for_each_chunk(begin, width, [&](int64_t c0, int64_t w) {
         at::Tensor part = values.narrow(1, c0 - begin, w);
-        logits_into(part, x, piece(c0, w).gemm);
+        logits_into(part, x, gemm_rows(c0, w));
       });
     }
     // cos = (x_unit . w_j) / n_j: the target's first (its margin needs the
@@ -280,7 +273,7 @@ class MarginHead final : public FusedHead {
     values.mul_((inverse * margin_.scale).to(out));
     update_target_entries_(values, at_target,
                            [&](const at::Tensor&) { return psi.value * margin_.scale; });
-    return {values, MarginColumns{psi.slope, kept_piece}};
+    return {values, MarginColumns{psi.slope, cast_rows}};
   }
 
   // d loss / d cos -> d loss / d (x_unit . w_j): the target's slope, then the
@@ -295,11 +288,11 @@ class MarginHead final : public FusedHead {
 
   void add_input_gradient(at::Tensor& grad_x, const at::Tensor& grad, int64_t begin, int64_t width,
                           const LogitChunk& chunk) const override {
-    const auto& kept_piece = std::any_cast<const MarginColumns&>(chunk.state).piece;
-    if (kept_piece.has_value()) return kernels_.add_product(grad_x, grad, kept_piece->gemm);
+    const at::Tensor& cast_rows = std::any_cast<const MarginColumns&>(chunk.state).cast_rows;
+    if (cast_rows.defined()) return kernels_.add_product(grad_x, grad, cast_rows);
     if (rows_are_views_) return kernels_.add_product(grad_x, grad, rows_of(begin, width));
     for_each_chunk(begin, width, [&](int64_t c0, int64_t w) {
-      kernels_.add_product(grad_x, grad.narrow(1, c0 - begin, w), piece(c0, w).gemm);
+      kernels_.add_product(grad_x, grad.narrow(1, c0 - begin, w), gemm_rows(c0, w));
     });
   }
 
@@ -307,16 +300,10 @@ class MarginHead final : public FusedHead {
   // normalisation's derivative takes their part along w_j out:
   // g_j -= w_j (w_j . g_j) / n_j^2 where |w_j| >= eps (else n_j is eps, a
   // constant). One row-wise dot and one in-place update per row.
+  // The rows are views (of the weight, or of the kept rows gathered once).
   void finish_weight_rows(at::Tensor& grad_rows, int64_t begin, int64_t width,
-                          const LogitChunk* chunk) const override {
-    if (chunk != nullptr) {
-      const auto& kept_piece = std::any_cast<const MarginColumns&>(chunk->state).piece;
-      if (kept_piece.has_value()) return project_out_rows(grad_rows, kept_piece->rows, begin);
-    }
-    for_each_chunk(begin, width, [&](int64_t c0, int64_t w) {
-      at::Tensor rows_of_grad = grad_rows.narrow(0, c0 - begin, w);
-      project_out_rows(rows_of_grad, rows_of(c0, w), c0);
-    });
+                          const LogitChunk* /*chunk*/) const override {
+    project_out_rows(grad_rows, rows_of(begin, width), begin);
   }
 
   void finish_input(at::Tensor& grad_x) const override { normalize_backward_(grad_x, x_); }
@@ -353,9 +340,9 @@ class MarginHead final : public FusedHead {
     return gathered_.narrow(0, begin, width);
   }
 
-  WeightPiece piece(int64_t begin, int64_t width) const {
-    const at::Tensor rows = rows_of(begin, width);
-    return {rows, gemm_ ? rows.to(*gemm_) : rows};
+  // Under autocast: rows [begin, begin + width) cast to the GEMMs' dtype.
+  at::Tensor gemm_rows(int64_t begin, int64_t width) const {
+    return rows_of(begin, width).to(*gemm_);
   }
 
   // |w_j| of columns [begin, begin + width), unclamped, in the accumulate
