@@ -137,7 +137,11 @@ _FUSED_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 
 
 def _torch_fuses(param: torch.Tensor, grad: torch.Tensor) -> bool:
-    return (param.device.type in _FUSED_DEVICES and param.dtype in _FUSED_DTYPES and param.is_contiguous()
+    """Whether torch's fused kernels take these plain tensors: not a tensor subclass such as the
+    DTensor parameters of fully_shard (FSDP2), which has no sharding rule for them; those take the
+    ATen passes."""
+    return (type(param) in (torch.Tensor, torch.nn.Parameter) and type(grad) is torch.Tensor
+            and param.device.type in _FUSED_DEVICES and param.dtype in _FUSED_DTYPES and param.is_contiguous()
             and grad.is_contiguous())
 
 

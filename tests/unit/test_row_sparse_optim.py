@@ -249,3 +249,27 @@ def test_a_sparse_gradient_not_marked_coalesced_is_read_as_torch_sums_it():
         assert torch.equal(results[i], results[i % 2]), i
     changed = (results[0] != start).any(1)
     assert torch.equal(changed.nonzero().flatten(), rows)
+
+
+@pytest.mark.parametrize("ours,theirs,settings", [
+    (ts.optim.RowSparseSGD, torch.optim.SGD, SGD_SETTINGS["momentum, weight decay"]),
+    (ts.optim.RowSparseAdam, torch.optim.Adam, ADAM_SETTINGS["weight decay"]),
+])
+def test_dtensor_parameters_as_fully_shard_makes_them_update_like_plain_ones(world_of_one, ours, theirs, settings):
+    """fully_shard (FSDP2) hands the optimizer DTensor parameters and gradients, for which torch's fused
+    kernels have no sharding rule: the optimizers take their passes there, and the result is the plain
+    tensor's under torch's own optimizer (same passes: bitwise)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    mesh = init_device_mesh("cpu", (1,))
+    g = torch.Generator().manual_seed(5)
+    start = torch.randn(ROWS, COLS, generator=g)
+    mine = torch.nn.Parameter(distribute_tensor(start.clone(), mesh, [Shard(0)]))
+    reference = torch.nn.Parameter(start.clone())
+    opt_mine, opt_ref = ours([mine], **settings), theirs([reference], foreach=True, **settings)
+    for grad in _gradients(3, torch.float32):
+        mine.grad = distribute_tensor(grad.clone(), mesh, [Shard(0)])
+        reference.grad = grad.clone()
+        opt_mine.step()
+        opt_ref.step()
+    assert torch.equal(mine.full_tensor(), reference.detach())
