@@ -37,7 +37,7 @@ only): at rate 1.0 they must agree; at rate < 1 the kept classes differ
 (different samplers), so do the losses.
 
 Floor: the raw GEMMs the head must do per rank at the same shapes and dtype, on
-the same thread count, both ranks at once: logits [B x F] x [F x K], the input
+the same thread count, both ranks at once, into outputs allocated before: logits [B x F] x [F x K], the input
 gradient [B x K] x [K x F] and the weight gradient [K x B] x [B x F], with
 B = world x batch, K = this rank's kept classes (ceil(R x local)); in the bf16
 rows bfloat16 operands and output (float32 accumulation inside), which is what
@@ -178,11 +178,14 @@ def _gemm_floor(batch, features, kept, bf16, iters):
     x = torch.randn(batch, features, generator=g).to(dtype)
     w = torch.randn(kept, features, generator=g).to(dtype)
     grad = torch.randn(batch, kept, generator=g).to(dtype)
+    # Into outputs written before: the GEMMs alone, without the page faults of
+    # fresh outputs (which a head can avoid: ops/fresh_buffer.h).
+    logits, grad_x, grad_w = torch.mm(x, w.t()), torch.mm(grad, w), torch.mm(grad.t(), x)
 
     def three():
-        torch.mm(x, w.t())
-        torch.mm(grad, w)
-        torch.mm(grad.t(), x)
+        torch.mm(x, w.t(), out=logits)
+        torch.mm(grad, w, out=grad_x)
+        torch.mm(grad.t(), x, out=grad_w)
     three()
     times = []
     for _ in range(iters):

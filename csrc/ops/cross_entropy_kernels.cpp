@@ -4,12 +4,21 @@
 
 #include <ATen/ATen.h>
 
+#include "ops/fresh_buffer.h"
+
 namespace shardtorch {
 namespace ops {
 
 at::Tensor CrossEntropyKernels::chunk_logits(const at::Tensor& x, const at::Tensor& w_chunk,
                                              const at::Tensor& bias_chunk,
                                              at::ScalarType out) const {
+  if (x.scalar_type() == out && w_chunk.scalar_type() == out &&
+      (!bias_chunk.defined() || bias_chunk.scalar_type() == out)) {
+    // Written straight into a buffer advised for huge pages (fresh_buffer.h).
+    at::Tensor logits = empty_fresh_buffer({x.size(0), w_chunk.size(0)}, x.options());
+    return bias_chunk.defined() ? at::addmm_out(logits, bias_chunk, x, w_chunk.t())
+                                : at::mm_out(logits, x, w_chunk.t());
+  }
   at::Tensor logits =
       bias_chunk.defined() ? at::addmm(bias_chunk, x, w_chunk.t()) : at::mm(x, w_chunk.t());
   return logits.scalar_type() == out ? logits : logits.to(out);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "comm/registry.h"
+#include "ops/fresh_buffer.h"
 #include "ops/probability_target.h"
 
 namespace shardtorch {
@@ -54,7 +55,9 @@ class TileGradients {
     if (output_mask[0]) {
       grads_.input = at::zeros({rows, features}, head.x_rows().options().dtype(acc));
     }
-    if (output_mask[1]) grads_.weight = at::empty({columns, features}, head.weight_options());
+    if (output_mask[1]) {
+      grads_.weight = empty_fresh_buffer({columns, features}, head.weight_options());
+    }
     if (output_mask[2] && head.has_bias()) {
       grads_.bias = at::zeros({columns}, head.weight_options().dtype(acc));
     }

@@ -1,0 +1,28 @@
+#include "ops/fresh_buffer.h"
+
+#include <cstdint>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
+namespace shardtorch {
+namespace ops {
+
+at::Tensor empty_fresh_buffer(at::IntArrayRef sizes, const at::TensorOptions& options) {
+  at::Tensor out = at::empty(sizes, options);
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  if (out.is_cpu() && static_cast<int64_t>(out.nbytes()) >= kHugePageAdviceBytes) {
+    constexpr uintptr_t kHugePage = uintptr_t(2) << 20;
+    const auto begin = reinterpret_cast<uintptr_t>(out.data_ptr());
+    const uintptr_t first = (begin + kHugePage - 1) & ~(kHugePage - 1);
+    const uintptr_t last = (begin + out.nbytes()) & ~(kHugePage - 1);
+    // A hint: its failure (no THP in this kernel) leaves the buffer as it was.
+    if (last > first) (void)madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
+  }
+#endif
+  return out;
+}
+
+}  // namespace ops
+}  // namespace shardtorch
