@@ -179,7 +179,7 @@ def _gemm_floor(batch, features, kept, bf16, iters):
     w = torch.randn(kept, features, generator=g).to(dtype)
     grad = torch.randn(batch, kept, generator=g).to(dtype)
     # Into outputs written before: the GEMMs alone, without the page faults of
-    # fresh outputs (which a head can avoid: ops/fresh_buffer.h).
+    # fresh outputs (which a head can avoid: ops/scratch_buffer.h).
     logits, grad_x, grad_w = torch.mm(x, w.t()), torch.mm(grad, w), torch.mm(grad.t(), x)
 
     def three():

@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "comm/registry.h"
-#include "ops/fresh_buffer.h"
 #include "ops/probability_target.h"
 
 namespace shardtorch {
@@ -41,7 +40,10 @@ void softmax_gradient(const CrossEntropyKernels& kernels, const at::Tensor& valu
 // The gradients of one tile (rows of `x`, columns [begin, begin + width)),
 // into rows [row_begin, row_begin + rows) of the input gradient and columns
 // [begin, begin + width) of the weight and bias gradients. `first_rows`: the
-// tile is the first to write its columns' weight gradient.
+// tile is the first to write its columns' weight gradient; `last_rows`: the
+// last, which then finishes them (FusedHead::finish_weight_rows) right after
+// its GEMM wrote them: where the gradient is cast a slice at a time
+// (autocast), each slice while it is still in cache.
 class TileGradients {
  public:
   TileGradients(const FusedHead& head, const at::Tensor& input, const at::ScalarType acc,
@@ -56,7 +58,8 @@ class TileGradients {
       grads_.input = at::zeros({rows, features}, head.x_rows().options().dtype(acc));
     }
     if (output_mask[1]) {
-      grads_.weight = empty_fresh_buffer({columns, features}, head.weight_options());
+      // Not a scratch buffer (scratch_buffer.h): the caller keeps it.
+      grads_.weight = at::empty({columns, features}, head.weight_options());
     }
     if (output_mask[2] && head.has_bias()) {
       grads_.bias = at::zeros({columns}, head.weight_options().dtype(acc));
@@ -66,7 +69,7 @@ class TileGradients {
   FusedHeadGradients& gradients() { return grads_; }
 
   void add(LogitChunk& chunk, const at::Tensor& x, int64_t row_begin, int64_t begin, int64_t width,
-           const at::Tensor& target_local, bool first_rows, bool last_tile) {
+           const at::Tensor& target_local, bool first_rows, bool last_rows, bool last_tile) {
     head_.logit_gradient(chunk, begin, width, target_local);
     if (grads_.bias.defined()) {
       at::Tensor bias_rows = grads_.bias.narrow(0, begin, width);
@@ -79,7 +82,8 @@ class TileGradients {
     at::Tensor grad_x;
     if (grads_.input.defined()) grad_x = grads_.input.narrow(0, row_begin, x.size(0));
     if (chunk.values.scalar_type() == x.scalar_type()) {
-      add_products(chunk, chunk.values, x, grad_x, begin, width, first_rows);
+      if (grad_x.defined()) head_.add_input_gradient(grad_x, chunk.values, begin, width, chunk);
+      add_weight_product(&chunk, chunk.values, x, begin, width, first_rows, last_rows);
     } else {
       // The GEMMs run in the head's GEMM dtype (tensor cores for float16 /
       // bfloat16): the gradient is cast slice_ columns at a time, so that
@@ -87,8 +91,10 @@ class TileGradients {
       // weight gradient's rows grows with the block.
       for (int64_t c = 0; c < width; c += slice_) {
         const int64_t w = std::min(slice_, width - c);
-        add_products(chunk, chunk.values.narrow(1, c, w).to(x.scalar_type()), x, grad_x, begin + c,
-                     w, first_rows);
+        const at::Tensor grad = chunk.values.narrow(1, c, w).to(x.scalar_type());
+        if (grad_x.defined()) head_.add_input_gradient(grad_x, grad, begin + c, w, chunk);
+        add_weight_product(w == width ? &chunk : nullptr, grad, x, begin + c, w, first_rows,
+                           last_rows);
       }
     }
     // Each rank's columns contribute a part of the input gradient; the sum
@@ -125,15 +131,21 @@ class TileGradients {
   }
 
  private:
-  // grad_x += grad x (the head's weight operand of columns [begin, begin +
-  // width)) in the stats dtype, and the weight gradient's rows of those
-  // columns = (or +=) grad^T x, written in place: a row slice of the
-  // contiguous gradient is contiguous, so no temporary of the weight's size.
-  void add_products(const LogitChunk& chunk, const at::Tensor& grad, const at::Tensor& x,
-                    at::Tensor& grad_x, int64_t begin, int64_t width, bool first_rows) {
-    if (grad_x.defined()) head_.add_input_gradient(grad_x, grad, begin, width, chunk);
+  // The weight gradient's rows of columns [begin, begin + width) = (or +=)
+  // grad^T x, written in place (a row slice of the contiguous gradient is
+  // contiguous: no temporary of the weight's size), then finished if these
+  // are the last rows (`whole`: the tile's logits where they are these
+  // columns' exactly, else null).
+  void add_weight_product(const LogitChunk* whole, const at::Tensor& grad, const at::Tensor& x,
+                          int64_t begin, int64_t width, bool first_rows, bool last_rows) {
     if (!grads_.weight.defined()) return;
     at::Tensor rows_of_grad = grads_.weight.narrow(0, begin, width);
+    write_weight_product(rows_of_grad, grad, x, first_rows);
+    if (last_rows) head_.finish_weight_rows(rows_of_grad, begin, width, whole);
+  }
+
+  void write_weight_product(at::Tensor& rows_of_grad, const at::Tensor& grad, const at::Tensor& x,
+                            bool first_rows) {
     if (grad.scalar_type() != rows_of_grad.scalar_type()) {
       // Reduced-precision GEMM operands (autocast) into the float32 master
       // weight's gradient: the kernels' products accumulate in float32.
@@ -202,14 +214,12 @@ FusedHeadResult by_row_blocks(const FusedHead& head, const at::Tensor& input,
               .coefs;
       softmax_gradient(kernels, chunk.values, 0, block.target_local, block.weight_local,
                        block.target_probs, coefs);
-      tiles.add(chunk, xb, begin, 0, columns, block.target_local, begin == 0,
-                begin + count >= rows);
+      const bool last_block = begin + count >= rows;
+      tiles.add(chunk, xb, begin, 0, columns, block.target_local, begin == 0, last_block,
+                last_block);
     }
   }
   tiles.join_input_sum();
-  if (compute && tiles.gradients().weight.defined()) {
-    head.finish_weight_rows(tiles.gradients().weight, 0, columns, nullptr);
-  }
   at::Tensor saved = join_saved_row_blocks(saved_blocks);
   at::Tensor factor;
   if (!one_block && options.reduction == 1) factor = mean_divisor_factor(saved);
@@ -269,11 +279,7 @@ FusedHeadResult fused_head_backward_by_chunks(const FusedHead& head, const at::T
     softmax_gradient(kernels, chunk.values, begin, setup.target_local, setup.weight_local,
                      setup.target_probs, setup.coefs);
     tiles.add(chunk, x, 0, begin, width, setup.target_local, /*first_rows=*/true,
-              begin + chunk_size >= columns);
-    if (tiles.gradients().weight.defined()) {
-      at::Tensor rows_of_grad = tiles.gradients().weight.narrow(0, begin, width);
-      head.finish_weight_rows(rows_of_grad, begin, width, &chunk);
-    }
+              /*last_rows=*/true, begin + chunk_size >= columns);
   }
   return tiles.finish(at::Tensor());
 }

@@ -10,7 +10,7 @@
 #include <any>
 
 #include "ops/cross_entropy_statistics.h"
-#include "ops/fresh_buffer.h"
+#include "ops/scratch_buffer.h"
 #include "ops/fused_head_driver.h"
 #include "ops/gemm_precision.h"
 #include <shardtorch/ops/parallel_linear_cross_entropy.h>
@@ -66,7 +66,7 @@ class LinearHead final : public FusedHead {
       at::Tensor w_gemm = w_.narrow(0, begin, width).to(*gemm_);
       chunk = {kernels_.chunk_logits(x, w_gemm, at::Tensor(), acc_), CastColumns{begin, w_gemm}};
     } else {
-      chunk.values = empty_fresh_buffer({x.size(0), width}, x.options().dtype(acc_));
+      chunk.values = empty_scratch_buffer({x.size(0), width}, x.options().dtype(acc_));
       for (int64_t c = 0; c < width; c += chunk_size_) {
         const int64_t w = std::min(chunk_size_, width - c);
         chunk.values.narrow(1, c, w).copy_(

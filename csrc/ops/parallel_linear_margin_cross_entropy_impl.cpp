@@ -12,7 +12,7 @@
 #include "comm/registry.h"
 #include "comm/sharded_collectives.h"
 #include "ops/cross_entropy_statistics.h"
-#include "ops/fresh_buffer.h"
+#include "ops/scratch_buffer.h"
 #include "ops/fused_head_driver.h"
 #include "ops/gemm_precision.h"
 #include <shardtorch/topology/topology.h>
@@ -257,7 +257,7 @@ class MarginHead final : public FusedHead {
       cast_rows = gemm_rows(begin, width);
       values = kernels_.chunk_logits(x, cast_rows, at::Tensor(), out);
     } else {
-      values = empty_fresh_buffer({x.size(0), width}, x.options().dtype(out));
+      values = empty_scratch_buffer({x.size(0), width}, x.options().dtype(out));
       for_each_chunk(begin, width, [&](int64_t c0, int64_t w) {
         at::Tensor part = values.narrow(1, c0 - begin, w);
         logits_into(part, x, gemm_rows(c0, w));
@@ -338,7 +338,7 @@ class MarginHead final : public FusedHead {
   at::Tensor rows_of(int64_t begin, int64_t width) const {
     if (!kept_.defined()) return w_.narrow(0, begin, width);
     if (!gathered_.defined()) {
-      gathered_ = empty_fresh_buffer({kept_.size(0), w_.size(1)}, w_.options());
+      gathered_ = empty_scratch_buffer({kept_.size(0), w_.size(1)}, w_.options());
       at::index_select_out(gathered_, w_, 0, kept_);
     }
     return gathered_.narrow(0, begin, width);

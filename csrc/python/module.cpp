@@ -7,7 +7,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "comm/registry.h"
-#include "ops/fresh_buffer.h"
+#include "ops/scratch_buffer.h"
 #include <shardtorch/nn/embedding_init.h>
 #include <shardtorch/nn/init.h>
 #include "python/comm_testing_binding.h"
@@ -119,11 +119,11 @@ PYBIND11_MODULE(_C, m) {
     return py::make_tuple(stats.current_bytes, stats.peak_bytes);
   });
   m.def("reset_cpu_peak_memory", &shardtorch::utils::reset_cpu_peak_memory);
-  // For tests: the ops' fresh per-call buffers (float32, CPU), as they allocate them.
+  // For tests: the ops' per-call scratch buffers (float32, CPU), as they allocate them.
   m.def(
-      "_empty_fresh_buffer",
+      "_empty_scratch_buffer",
       [](std::vector<int64_t> sizes) {
-        return shardtorch::ops::empty_fresh_buffer(sizes, at::TensorOptions().dtype(at::kFloat));
+        return shardtorch::ops::empty_scratch_buffer(sizes, at::TensorOptions().dtype(at::kFloat));
       },
       py::arg("sizes"));
 

@@ -58,6 +58,9 @@ void accumulate_rows(const at::Tensor& logits, int64_t col_begin, const at::Tens
   const at::Tensor w_cols =
       weight_local.defined() ? weight_local.narrow(0, col_begin, cols) : at::Tensor();
   const int64_t step = rows_per_block(cols);
+  // exp(x - max) of a block, one buffer for all blocks: a fresh one per block
+  // (2 MiB at 500k columns) cost more than the exp itself.
+  at::Tensor shifted_storage = at::empty({std::min(step, rows), cols}, logits.options().dtype(acc));
   for (int64_t row0 = 0; row0 < rows; row0 += step) {
     const int64_t n = std::min(step, rows - row0);
     const at::Tensor x = logits.narrow(0, row0, n);
@@ -70,7 +73,8 @@ void accumulate_rows(const at::Tensor& logits, int64_t col_begin, const at::Tens
     // and sum 0; the shift by 0 keeps (-inf) - (-inf) out.
     const at::Tensor new_max = at::maximum(run_max, xa.amax(1));
     const at::Tensor shift = at::where(at::isneginf(new_max), at::zeros_like(new_max), new_max);
-    const at::Tensor block_sum = at::sub(xa, shift.unsqueeze(1)).exp_().sum(1);
+    at::Tensor shifted = shifted_storage.narrow(0, 0, n);
+    const at::Tensor block_sum = at::sub_out(shifted, xa, shift.unsqueeze(1)).exp_().sum(1);
     run_sum.mul_(at::sub(run_max, shift).exp_()).add_(block_sum);
     run_max.copy_(new_max);
     s.select(1, kRowWeightedSum).add_(w_cols.defined() ? at::mv(xa, w_cols) : xa.sum(1));

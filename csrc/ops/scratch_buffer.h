@@ -1,6 +1,6 @@
 #pragma once
-// Large buffers an op allocates fresh on every call and writes whole at once
-// (the gathered kept rows, a block of logits, the weight gradient).
+// Large scratch buffers an op allocates on every call, writes whole at once
+// and frees before it returns (a block of logits, the gathered kept rows).
 #include <ATen/ATen.h>
 
 namespace shardtorch {
@@ -11,11 +11,14 @@ namespace ops {
 // Why: such a buffer is a fresh mapping on every call (glibc maps anything
 // above 32 MiB anew and unmaps it when freed), so writing it first costs a
 // page fault and a zeroed page per 4 KiB: 35 ms per 100 MB on one core, a
-// third of a GEMM that writes it. Huge pages take one fault per 2 MiB. The
+// third of a GEMM that writes it; huge pages take one fault per 2 MiB. The
 // advice is a hint on the buffer's own whole 2 MiB pages only: where the
 // kernel ignores it (THP "never") nothing changes. Memory use is the same
-// (the buffer is written whole) and it stays accounted by torch's allocator.
-at::Tensor empty_fresh_buffer(at::IntArrayRef sizes, const at::TensorOptions& options);
+// (the buffer is written whole) and stays accounted by torch's allocator.
+// Only scratch: advising the weight gradient too (which the caller keeps)
+// was slower on this project's (virtual) machines, at 100 MB and 1 GB alike,
+// while the scratch buffers' advice kept its gain (benchmarks/RESULTS.md).
+at::Tensor empty_scratch_buffer(at::IntArrayRef sizes, const at::TensorOptions& options);
 
 constexpr int64_t kHugePageAdviceBytes = int64_t(4) << 20;
 

@@ -1,4 +1,4 @@
-#include "ops/fresh_buffer.h"
+#include "ops/scratch_buffer.h"
 
 #include <cstdint>
 
@@ -9,7 +9,7 @@
 namespace shardtorch {
 namespace ops {
 
-at::Tensor empty_fresh_buffer(at::IntArrayRef sizes, const at::TensorOptions& options) {
+at::Tensor empty_scratch_buffer(at::IntArrayRef sizes, const at::TensorOptions& options) {
   at::Tensor out = at::empty(sizes, options);
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   if (out.is_cpu() && static_cast<int64_t>(out.nbytes()) >= kHugePageAdviceBytes) {
