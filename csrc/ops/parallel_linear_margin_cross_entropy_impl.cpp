@@ -413,7 +413,7 @@ class MarginHead final : public FusedHead {
   bool rows_are_views_;
   mutable at::Tensor gathered_;       // with sampling: the kept rows [columns, features]
   mutable at::Tensor gathered_gemm_;  // with sampling under autocast: gathered_ in the GEMMs' dtype
-  mutable at::Tensor norms_;     // [columns] |w_j|, unclamped (the projection's mask needs it)
+  mutable at::Tensor norms_;          // [columns] |w_j|, unclamped (the projection's mask needs it)
 };
 
 // The kept classes as row indices of the weight. On CUDA their check is not
