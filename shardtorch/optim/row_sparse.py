@@ -14,11 +14,16 @@ Dense gradients update every row: then the result is torch's optimizer's.
 Cost (benchmarks/optimizer.py): a dense gradient takes torch's own sequence of
 in-place passes over the parameter and its state (the same temporaries as
 torch.optim.SGD / Adam). A row-sparse gradient of n rows touches only those
-rows: it gathers them with index_select, updates them in place and writes them
-back with index_copy_ / index_add_. Its temporaries are [n, row] buffers the
-optimizer keeps between steps (``scratch_bytes``: at most three, sized by the
-largest n seen), because a fresh buffer of that size costs more in page faults
-on CPU than the arithmetic done in it.
+rows: RowSparseSGD (without dampening) and RowSparseAdam update them, their
+state and their steps in place in one pass on CPU (the ops
+shard::_row_sparse_sgd_ / shard::_row_sparse_adam_; other devices gather the
+rows, update and write them back, with no host synchronisation). What those ops
+do not take (SGD with dampening, DTensor parameters, a tensor lr) gathers the
+rows with index_select, updates them and writes them back with index_copy_ /
+index_add_, in [n, row] buffers the optimizer keeps between steps
+(``scratch_bytes``: at most three, sized by the largest n seen), because a
+fresh buffer of that size costs more in page faults on CPU than the arithmetic
+done in it.
 """
 from typing import Iterable, List, Optional, Tuple
 
