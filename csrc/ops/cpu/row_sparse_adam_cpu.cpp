@@ -8,6 +8,9 @@
 #include <torch/library.h>
 
 #include <cmath>
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
 
 #include "ops/row_sparse_adam.h"
 
@@ -18,6 +21,33 @@ namespace {
 struct AdamSettings {
   double lr, beta1, beta2, eps, weight_decay;
 };
+
+// sqrt per lane. Where this file is compiled for baseline x86-64, Vectorized is
+// the generic one, whose sqrt calls std::sqrt per element (scalar, with errno
+// handling): about half the kernel's time. SSE2's sqrtps gives the same
+// correctly rounded values four at a time.
+template <typename scalar_t>
+at::vec::Vectorized<scalar_t> lane_sqrt(const at::vec::Vectorized<scalar_t>& x) {
+#if defined(__SSE2__) && !defined(CPU_CAPABILITY_AVX2) && !defined(CPU_CAPABILITY_AVX512)
+  using Vec = at::vec::Vectorized<scalar_t>;
+  if constexpr (std::is_same_v<scalar_t, float> && Vec::size() % 4 == 0) {
+    alignas(64) float lanes[Vec::size()];
+    x.store(lanes);
+    for (int k = 0; k < Vec::size(); k += 4) {
+      _mm_store_ps(lanes + k, _mm_sqrt_ps(_mm_load_ps(lanes + k)));
+    }
+    return Vec::loadu(lanes);
+  } else if constexpr (std::is_same_v<scalar_t, double> && Vec::size() % 2 == 0) {
+    alignas(64) double lanes[Vec::size()];
+    x.store(lanes);
+    for (int k = 0; k < Vec::size(); k += 2) {
+      _mm_store_pd(lanes + k, _mm_sqrt_pd(_mm_load_pd(lanes + k)));
+    }
+    return Vec::loadu(lanes);
+  }
+#endif
+  return x.sqrt();
+}
 
 // One row of `columns` values at step `step` (already advanced). The same
 // roundings as torch.optim.Adam's single-tensor passes on their vectorised
@@ -51,7 +81,7 @@ void adam_update_row(scalar_t* p, scalar_t* m, scalar_t* v, const scalar_t* g, i
       new_m.store(m + j);
       const Vec new_v = Vec::loadu(v + j) * beta2_v + one_minus_beta2_v * gv * gv;
       new_v.store(v + j);
-      const Vec denom = new_v.sqrt() / bc2_v + eps_v;
+      const Vec denom = lane_sqrt(new_v) / bc2_v + eps_v;
       (pv + neg_step_size_v * new_m / denom).store(p + j);
     }
   }
