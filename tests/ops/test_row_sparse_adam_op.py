@@ -78,7 +78,7 @@ def test_the_rows_given_follow_adam_at_their_own_steps_and_nothing_else_moves(na
     device_case("cpu", dtype, name, columns)
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("name", list(SETTINGS))
 def test_the_any_device_kernel_follows_adam_on_cpu_tensors(name, dtype):
     device_case("cpu", dtype, name, 37, op=composite)
