@@ -19,7 +19,8 @@ thread count. Memory: the parameter, the gradient and one optimizer's state
 (plus its temporaries) at a time.
 
     python benchmarks/optimizer.py [--rows 500000] [--cols 512] [--kept 0.1]
-        [--threads 1,2] [--repeats 3] [--before /tmp/before.py] [--out FILE.json]
+        [--threads 1,2] [--repeats 3] [--kinds sgd,adam] [--before /tmp/before.py]
+        [--out FILE.json]
 """
 import argparse
 import importlib.util
@@ -109,13 +110,14 @@ def main():
     parser.add_argument("--kept", type=float, default=0.1)
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--kinds", default="sgd,adam", help="optimizers to measure: sgd, adam or both")
     parser.add_argument("--before", default=None)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
     before = _load_optim(args.before) if args.before else None
     results = measure(args.rows, args.cols, args.kept, [int(t) for t in args.threads.split(",")], args.repeats,
-                      before=before)
+                      kinds=tuple(args.kinds.split(",")), before=before)
     print(f"cpu: {results['cpu']}, torch {results['torch']}")
     if args.out:
         with open(args.out, "w") as f:

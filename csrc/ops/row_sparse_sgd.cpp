@@ -1,4 +1,4 @@
-// Schema, checks and the any-device kernel of shard::_row_sparse_sgd_ (see
+// Schema, checks, the Meta kernel and the any-device kernel of shard::_row_sparse_sgd_ (see
 // row_sparse_sgd.h); the CPU kernel is in cpu/row_sparse_sgd_cpu.cpp.
 #include "ops/row_sparse_sgd.h"
 
@@ -67,7 +67,16 @@ void row_sparse_sgd_gathered(const at::Tensor& param,
   param.index_copy_(0, rows, taken);
 }
 
+// Meta (FakeTensor, torch.compile tracing): the checks that need no data.
+void row_sparse_sgd_meta(const at::Tensor& param, const std::optional<at::Tensor>& momentum_buffer,
+                         const at::Tensor& rows, const at::Tensor& grad, double /*lr*/,
+                         double momentum, double /*weight_decay*/, bool /*nesterov*/) {
+  check_row_sparse_sgd_args(param, momentum_buffer, rows, grad, momentum);
+}
+
 }  // namespace
+
+TORCH_LIBRARY_IMPL(shard, Meta, m) { m.impl("_row_sparse_sgd_", TORCH_FN(row_sparse_sgd_meta)); }
 
 TORCH_LIBRARY_IMPL(shard, CompositeExplicitAutograd, m) {
   m.impl("_row_sparse_sgd_", TORCH_FN(row_sparse_sgd_gathered));

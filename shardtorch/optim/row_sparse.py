@@ -14,11 +14,16 @@ Dense gradients update every row: then the result is torch's optimizer's.
 Cost (benchmarks/optimizer.py): a dense gradient takes torch's own sequence of
 in-place passes over the parameter and its state (the same temporaries as
 torch.optim.SGD / Adam). A row-sparse gradient of n rows touches only those
-rows: it gathers them with index_select, updates them in place and writes them
-back with index_copy_ / index_add_. Its temporaries are [n, row] buffers the
-optimizer keeps between steps (``scratch_bytes``: at most three, sized by the
-largest n seen), because a fresh buffer of that size costs more in page faults
-on CPU than the arithmetic done in it.
+rows: RowSparseSGD (without dampening) and RowSparseAdam update them, their
+state and their steps in place in one pass on CPU (the ops
+shard::_row_sparse_sgd_ / shard::_row_sparse_adam_; other devices gather the
+rows, update and write them back, with no host synchronisation). What those ops
+do not take (SGD with dampening, DTensor parameters, a tensor lr) gathers the
+rows with index_select, updates them and writes them back with index_copy_ /
+index_add_, in [n, row] buffers the optimizer keeps between steps
+(``scratch_bytes``: at most three, sized by the largest n seen), because a
+fresh buffer of that size costs more in page faults on CPU than the arithmetic
+done in it.
 """
 from typing import Iterable, List, Optional, Tuple
 
@@ -305,13 +310,26 @@ class RowSparseAdam(_RowSparseOptimizer):
 
     def _update_rows(self, group, param, rows, grad, state):
         beta1, beta2 = group["betas"]
+        exp_avg, exp_avg_sq = _as_rows(state["exp_avg"]), _as_rows(state["exp_avg_sq"])
+        if _torch_fuses(param, grad) and not torch.is_tensor(group["lr"]):
+            # The kept rows, their moments and steps updated in place in one pass (CPU; elsewhere
+            # gathered, updated and written back): csrc/ops/row_sparse_adam.h.
+            torch.ops.shard._row_sparse_adam_(param, exp_avg, exp_avg_sq, state["row_step"], rows, grad,
+                                              group["lr"], beta1, beta2, group["eps"], group["weight_decay"])
+            return
+        self._update_rows_in_passes(group, param, rows, grad, state)
+
+    def _update_rows_in_passes(self, group, param, rows, grad, state):
+        """The kept rows gathered into scratch, updated by torch.optim.Adam's passes with a step per
+        row, written back: for what the op does not take (DTensor parameters, a tensor lr)."""
+        beta1, beta2 = group["betas"]
+        exp_avg, exp_avg_sq = _as_rows(state["exp_avg"]), _as_rows(state["exp_avg_sq"])
         taken, avg, sq = self._scratch_rows(grad, 3)
         steps = state["row_step"].index_select(0, rows).add_(1)
         state["row_step"].index_copy_(0, rows, steps)
         if group["weight_decay"] != 0:
             torch.index_select(param, 0, rows, out=taken)
             grad = torch.add(grad, taken, alpha=group["weight_decay"], out=taken)
-        exp_avg, exp_avg_sq = _as_rows(state["exp_avg"]), _as_rows(state["exp_avg_sq"])
         torch.index_select(exp_avg, 0, rows, out=avg).lerp_(grad, 1 - beta1)
         exp_avg.index_copy_(0, rows, avg)
         torch.index_select(exp_avg_sq, 0, rows, out=sq).mul_(beta2).addcmul_(grad, grad, value=1 - beta2)

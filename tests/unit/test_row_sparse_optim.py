@@ -175,8 +175,10 @@ def test_row_sparse_gradients_follow_the_per_row_formula(kind, name):
 
 
 def test_row_sparse_updates_are_bitwise_torchs_on_each_row_as_its_own_parameter():
-    # The same kernels on the kept rows: a row kept at steps 1 and 3 ends where
-    # torch's optimizer over that row alone ends after those two steps.
+    # A row kept at steps 1 and 3 ends where torch's optimizer over that row alone ends after those
+    # two steps. SGD: the same kernels on the kept rows. Adam: shard::_row_sparse_adam_, whose
+    # element-by-element path (rows of 5 values are shorter than a vector) fuses lerp's multiply-add
+    # as torch's kernels do (longer rows: test_row_sparse_adams_op_is_its_passes_within_two_ulps_...).
     for opt_cls, torch_cls, settings in ((ts.optim.RowSparseSGD, torch.optim.SGD, SGD_SETTINGS["dampening"]),
                                          (ts.optim.RowSparseAdam, torch.optim.Adam, ADAM_SETTINGS["weight decay"])):
         start = torch.randn(ROWS, COLS, generator=torch.Generator().manual_seed(5), dtype=torch.float32)
@@ -204,13 +206,57 @@ def test_uncoalesced_gradients_add_their_duplicate_rows():
 
 
 def test_row_sparse_scratch_is_reused_and_sized_by_the_kept_rows():
+    # Scratch is for the passes: RowSparseSGD with dampening (per-row steps) gathers the kept rows into
+    # two [kept, row] buffers; RowSparseAdam's op updates them in place and holds none.
     param = torch.zeros(1000, 8, requires_grad=True)
-    opt = ts.optim.RowSparseAdam([param], lr=0.1, weight_decay=0.1)
+    adam_param = torch.zeros(1000, 8, requires_grad=True)
+    opt = ts.optim.RowSparseSGD([param], lr=0.1, momentum=0.9, dampening=0.1, weight_decay=0.1)
+    adam = ts.optim.RowSparseAdam([adam_param], lr=0.1, weight_decay=0.1)
     for kept_count in (100, 50, 100):
         kept = torch.arange(kept_count) * 3
-        param.grad = _row_sparse_gradient(torch.ones(1000, 8), kept)
+        param.grad = adam_param.grad = _row_sparse_gradient(torch.ones(1000, 8), kept)
         opt.step()
-    assert opt.scratch_bytes == 3 * 100 * 8 * 4  # three [kept, row] float32 buffers, never regrown
+        adam.step()
+    assert opt.scratch_bytes == 2 * 100 * 8 * 4  # two [kept, row] float32 buffers, never regrown
+    assert adam.scratch_bytes == 0
+
+
+class _AdamInPasses(ts.optim.RowSparseAdam):
+    """RowSparseAdam with the kept rows updated by its ATen passes (what DTensor parameters take)
+    instead of shard::_row_sparse_adam_."""
+
+    def _update_rows(self, group, param, rows, grad, state):
+        self._update_rows_in_passes(group, param, rows, grad, state)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("cols", [5, 37, 512])
+def test_row_sparse_adams_op_is_its_passes_within_two_ulps_of_the_largest_value(cols, dtype):
+    """The op (one pass per kept row) against the passes it replaced, six row-sparse steps with rows at
+    different step counts: the steps bitwise; each value within 2 ulps of its tensor's largest magnitude
+    (eps * max|x|). Not bitwise: the op rounds lerp's and addcmul's multiply-adds as this build's
+    vectorised code does, torch's kernels fuse some of them; near-cancelling moments then differ
+    by many of their own ulps but not of the tensor's scale (measured: at most 1 such ulp)."""
+    g = torch.Generator().manual_seed(0)
+    rows = 300
+    start = torch.randn(rows, cols, generator=g, dtype=dtype)
+    mine, theirs = start.clone().requires_grad_(), start.clone().requires_grad_()
+    settings = ADAM_SETTINGS["weight decay"]
+    opt_mine, opt_theirs = ts.optim.RowSparseAdam([mine], **settings), _AdamInPasses([theirs], **settings)
+    for _ in range(6):
+        kept = torch.randperm(rows, generator=g)[:rows // 3].sort().values
+        grad = _row_sparse_gradient(torch.randn(rows, cols, generator=g, dtype=dtype), kept)
+        mine.grad, theirs.grad = grad.clone(), grad.clone()
+        opt_mine.step()
+        opt_theirs.step()
+    assert torch.equal(opt_mine.state[mine]["row_step"], opt_theirs.state[theirs]["row_step"])
+    assert opt_mine.state[mine]["row_step"].unique().numel() > 2
+    pairs = [(mine.detach(), theirs.detach())] + [(opt_mine.state[mine][k], opt_theirs.state[theirs][k])
+                                                  for k in ("exp_avg", "exp_avg_sq")]
+    for a, b in pairs:
+        scale_ulp = torch.finfo(dtype).eps * b.abs().max()
+        assert ((a - b).abs() <= 2 * scale_ulp).all(), ((a - b).abs().max() / scale_ulp)
+    assert not torch.equal(mine.detach(), start)
 
 
 def test_a_gradient_sparse_in_two_dims_is_refused():
