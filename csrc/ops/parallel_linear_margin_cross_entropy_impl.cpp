@@ -224,10 +224,9 @@ struct MarginColumns {
 // the logits' columns and their gradient's scaled by 1 / n_j, and the weight
 // gradient's rows projected at the end (finish_weight_rows). With sampling
 // the kept rows are gathered once, at their first use (as large as the
-// row-sparse gradient the call returns), and under autocast cast once (half
-// that again, in bfloat16 / float16) for both GEMMs; unsampled, under
-// autocast a range of columns is cast a chunk at a time, so that no
-// reduced-precision copy has the weight's size.
+// row-sparse gradient the call returns); under autocast a range of columns
+// is cast a chunk at a time, so that no reduced-precision copy has the
+// weight's size.
 class MarginHead final : public FusedHead {
  public:
   MarginHead(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& kept,
@@ -345,14 +344,9 @@ class MarginHead final : public FusedHead {
     return gathered_.narrow(0, begin, width);
   }
 
-  // Under autocast: rows [begin, begin + width) in the GEMMs' dtype: a view
-  // of the kept rows' one cast with sampling, else a cast of this range.
-  // (The GEMMs still go a chunk at a time: a bfloat16 product as wide as the
-  // block, and its cast, were slower on the CPU than chunks in cache.)
+  // Under autocast: rows [begin, begin + width) cast to the GEMMs' dtype.
   at::Tensor gemm_rows(int64_t begin, int64_t width) const {
-    if (!kept_.defined()) return rows_of(begin, width).to(*gemm_);
-    if (!gathered_gemm_.defined()) gathered_gemm_ = rows_of(0, columns()).to(*gemm_);
-    return gathered_gemm_.narrow(0, begin, width);
+    return rows_of(begin, width).to(*gemm_);
   }
 
   // |w_j| of columns [begin, begin + width), unclamped, in the accumulate
@@ -411,9 +405,8 @@ class MarginHead final : public FusedHead {
   // Columns' weight rows are slices of the weight (or of the gathered kept
   // rows) as the GEMMs take them (no cast): any range is one GEMM, no copy.
   bool rows_are_views_;
-  mutable at::Tensor gathered_;       // with sampling: the kept rows [columns, features]
-  mutable at::Tensor gathered_gemm_;  // with sampling under autocast: gathered_ in the GEMMs' dtype
-  mutable at::Tensor norms_;          // [columns] |w_j|, unclamped (the projection's mask needs it)
+  mutable at::Tensor gathered_;  // with sampling: the kept rows [columns, features]
+  mutable at::Tensor norms_;     // [columns] |w_j|, unclamped (the projection's mask needs it)
 };
 
 // The kept classes as row indices of the weight. On CUDA their check is not
