@@ -6,6 +6,8 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include "ops/row_sparse_checks.h"
+
 namespace shardtorch {
 namespace ops {
 
@@ -23,31 +25,17 @@ constexpr const char* kAdamOp = "shard::_row_sparse_adam_";
 void check_row_sparse_adam_args(const at::Tensor& param, const at::Tensor& exp_avg,
                                 const at::Tensor& exp_avg_sq, const at::Tensor& row_step,
                                 const at::Tensor& rows, const at::Tensor& grad) {
-  TORCH_CHECK(param.dim() == 2 && param.is_contiguous(), kAdamOp,
-              ": param must be a contiguous [rows, columns] tensor, got shape ", param.sizes());
+  check_row_sparse_param(kAdamOp, param);
   TORCH_CHECK(at::isFloatingType(param.scalar_type()), kAdamOp,
               ": param must be floating point, got ", param.scalar_type());
   const std::pair<const char*, const at::Tensor*> moments[] = {{"exp_avg", &exp_avg},
                                                                {"exp_avg_sq", &exp_avg_sq}};
-  for (const auto& [name, t] : moments) {
-    TORCH_CHECK(t->sizes() == param.sizes() && t->is_contiguous() &&
-                    t->scalar_type() == param.scalar_type(),
-                kAdamOp, ": ", name, " must be contiguous, shaped and typed like param ",
-                param.sizes(), " ", param.scalar_type(), ", got ", t->sizes(), " ",
-                t->scalar_type());
-  }
+  for (const auto& [name, t] : moments) check_row_sparse_state(kAdamOp, name, *t, param);
   TORCH_CHECK(row_step.dim() == 1 && row_step.size(0) == param.size(0) &&
                   row_step.scalar_type() == at::kLong && row_step.is_contiguous(),
               kAdamOp, ": row_step must be a contiguous int64 [param.size(0)] = [", param.size(0),
               "] tensor, got ", row_step.scalar_type(), " of shape ", row_step.sizes());
-  TORCH_CHECK(rows.dim() == 1 && rows.scalar_type() == at::kLong, kAdamOp,
-              ": rows must be a 1-D int64 tensor, got ", rows.scalar_type(), " of shape ",
-              rows.sizes());
-  TORCH_CHECK(grad.dim() == 2 && grad.size(0) == rows.size(0) && grad.size(1) == param.size(1) &&
-                  grad.is_contiguous() && grad.scalar_type() == param.scalar_type(),
-              kAdamOp, ": grad must be contiguous [len(rows), param.size(1)] = [", rows.size(0),
-              ", ", param.size(1), "] in param's dtype ", param.scalar_type(), ", got ",
-              grad.scalar_type(), " of shape ", grad.sizes());
+  check_row_sparse_rows_and_grad(kAdamOp, param, rows, grad);
   const std::pair<const char*, const at::Tensor*> others[] = {{"exp_avg", &exp_avg},
                                                               {"exp_avg_sq", &exp_avg_sq},
                                                               {"row_step", &row_step},

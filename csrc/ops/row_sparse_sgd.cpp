@@ -5,6 +5,8 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include "ops/row_sparse_checks.h"
+
 namespace shardtorch {
 namespace ops {
 
@@ -21,27 +23,13 @@ constexpr const char* kOp = "shard::_row_sparse_sgd_";
 void check_row_sparse_sgd_args(const at::Tensor& param,
                                const std::optional<at::Tensor>& momentum_buffer,
                                const at::Tensor& rows, const at::Tensor& grad, double momentum) {
-  TORCH_CHECK(param.dim() == 2 && param.is_contiguous(), kOp,
-              ": param must be a contiguous [rows, columns] tensor, got shape ", param.sizes());
-  TORCH_CHECK(rows.dim() == 1 && rows.scalar_type() == at::kLong, kOp,
-              ": rows must be a 1-D int64 tensor, got ", rows.scalar_type(), " of shape ",
-              rows.sizes());
-  TORCH_CHECK(grad.dim() == 2 && grad.size(0) == rows.size(0) && grad.size(1) == param.size(1) &&
-                  grad.is_contiguous() && grad.scalar_type() == param.scalar_type(),
-              kOp, ": grad must be contiguous [len(rows), param.size(1)] = [", rows.size(0), ", ",
-              param.size(1), "] in param's dtype ", param.scalar_type(), ", got ",
-              grad.scalar_type(), " of shape ", grad.sizes());
+  check_row_sparse_param(kOp, param);
+  check_row_sparse_rows_and_grad(kOp, param, rows, grad);
   const bool has_buffer = momentum_buffer.has_value() && momentum_buffer->defined();
   TORCH_CHECK(has_buffer == (momentum != 0), kOp,
               ": momentum_buffer must be given exactly when momentum != 0, got momentum ", momentum,
               (has_buffer ? " with" : " without"), " a buffer");
-  if (has_buffer) {
-    TORCH_CHECK(momentum_buffer->sizes() == param.sizes() && momentum_buffer->is_contiguous() &&
-                    momentum_buffer->scalar_type() == param.scalar_type(),
-                kOp, ": momentum_buffer must be contiguous, shaped and typed like param ",
-                param.sizes(), " ", param.scalar_type(), ", got ", momentum_buffer->sizes(), " ",
-                momentum_buffer->scalar_type());
-  }
+  if (has_buffer) check_row_sparse_state(kOp, "momentum_buffer", *momentum_buffer, param);
   for (const at::Tensor* t : {&rows, &grad}) {
     TORCH_CHECK(t->device() == param.device(), kOp, ": rows and grad must be on param's device ",
                 param.device(), ", got ", t->device());

@@ -12,6 +12,7 @@
 #include <immintrin.h>
 #endif
 
+#include "ops/row_sparse_checks.h"
 #include "ops/row_sparse_adam.h"
 
 namespace shardtorch {
@@ -107,13 +108,7 @@ void row_sparse_adam_cpu(const at::Tensor& param, const at::Tensor& exp_avg,
   check_row_sparse_adam_args(param, exp_avg, exp_avg_sq, row_step, rows, grad);
   const int64_t n = rows.numel(), total = param.size(0), columns = param.size(1);
   const at::Tensor index = rows.contiguous();
-  const int64_t* r = index.const_data_ptr<int64_t>();
-  // Distinct rows are what lets the rows be updated in parallel in place.
-  for (int64_t i = 0; i < n; ++i) {
-    TORCH_CHECK(r[i] >= 0 && r[i] < total && (i == 0 || r[i] > r[i - 1]),
-                "shard::_row_sparse_adam_: rows must be strictly increasing indices in [0, ", total,
-                "), got ", r[i], " at position ", i, (i > 0 ? c10::str(" after ", r[i - 1]) : ""));
-  }
+  const int64_t* r = strictly_increasing_rows("shard::_row_sparse_adam_", index, total);
   const AdamSettings settings{lr, beta1, beta2, eps, weight_decay};
   int64_t* steps = row_step.data_ptr<int64_t>();
   AT_DISPATCH_FLOATING_TYPES_AND2(

@@ -7,6 +7,7 @@
 #include <ATen/cpu/vec/vec.h>
 #include <torch/library.h>
 
+#include "ops/row_sparse_checks.h"
 #include "ops/row_sparse_sgd.h"
 
 namespace shardtorch {
@@ -60,13 +61,7 @@ void row_sparse_sgd_cpu(const at::Tensor& param, const std::optional<at::Tensor>
   check_row_sparse_sgd_args(param, momentum_buffer, rows, grad, momentum);
   const int64_t n = rows.numel(), total = param.size(0), columns = param.size(1);
   const at::Tensor index = rows.contiguous();
-  const int64_t* r = index.const_data_ptr<int64_t>();
-  // Distinct rows are what lets the rows be updated in parallel in place.
-  for (int64_t i = 0; i < n; ++i) {
-    TORCH_CHECK(r[i] >= 0 && r[i] < total && (i == 0 || r[i] > r[i - 1]),
-                "shard::_row_sparse_sgd_: rows must be strictly increasing indices in [0, ", total,
-                "), got ", r[i], " at position ", i, (i > 0 ? c10::str(" after ", r[i - 1]) : ""));
-  }
+  const int64_t* r = strictly_increasing_rows("shard::_row_sparse_sgd_", index, total);
   const SgdSettings settings{lr, momentum, weight_decay, nesterov};
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, param.scalar_type(), "shard::_row_sparse_sgd_", [&] {
