@@ -23,3 +23,9 @@ def test_a_crash_fails_its_case_and_the_others_still_run():
 def test_launch_alone_raises_on_a_crash():
     with pytest.raises(RuntimeError, match="exited with 23"):
         launch(MODULE, 2, cases=["case_c_kills_rank_1"], timeout=120)
+
+
+def test_cases_that_init_themselves_start_together():
+    results = launch_modules({"tests.distributed.cases_harness_rendezvous": None}, 2, init=False, timeout=120,
+                             env={"SHARDTORCH_TIMEOUT": "20"})
+    assert all(error is None for error in results["tests.distributed.cases_harness_rendezvous"].values()), results

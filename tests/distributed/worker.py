@@ -9,6 +9,7 @@ import importlib
 import json
 import os
 import sys
+import time
 import traceback
 
 
@@ -19,16 +20,58 @@ def _write(path: str, report: dict) -> None:
     os.replace(path + ".tmp", path)
 
 
+def _exited(out_dir: str, rank: int) -> bool:
+    """Whether rank ``rank`` has exited: its pid file names a process that is
+    gone or a zombie (its peers then stop waiting for it at once). A rank that
+    has not written its pid file yet has not exited."""
+    try:
+        with open(os.path.join(out_dir, f"pid.rank{rank}")) as f:
+            pid = int(f.read())
+    except (OSError, ValueError):
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+    except (OSError, IndexError):
+        return False
+
+
+def _wait_for_every_rank(out_dir: str, step: int, rank: int, world_size: int, timeout: float) -> None:
+    """A barrier through files in OUT_DIR, whether or not a process group is up.
+    Cases launched with init=False bring torch.distributed up and down
+    themselves: with a barrier only while it was up, a rank could start the
+    next case's rendezvous while its peer still served the last case's store,
+    join that old store and leave both ranks waiting for each other (seen in
+    CI)."""
+    open(os.path.join(out_dir, f"done{step}.rank{rank}"), "w").close()
+    deadline = time.monotonic() + timeout
+    for peer in range(world_size):
+        while not os.path.exists(os.path.join(out_dir, f"done{step}.rank{peer}")):
+            if _exited(out_dir, peer):
+                raise RuntimeError(f"rank {rank}: rank {peer} exited before it finished case {step}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"rank {rank}: rank {peer} did not finish case {step} within {timeout:.0f} s")
+            time.sleep(0.002)
+
+
 def main() -> None:
     requests, group_size, out_dir, init = sys.argv[1:5]
     import torch.distributed as dist
 
     import shardtorch as ts
 
-    rank = int(os.environ["RANK"])
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    # Longer than a stuck collective's timeout: a peer blocked in one gets there after it.
+    wait = 3 * float(os.environ.get("SHARDTORCH_TIMEOUT", "60")) + 60
+    step = 0
     path = os.path.join(out_dir, f"rank{rank}.json")
     # results: {module: {case: None or error}}; running: [module, case] or None.
     report = {"results": {}, "running": None}
+    with open(os.path.join(out_dir, f"pid.rank{rank}.tmp"), "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(os.path.join(out_dir, f"pid.rank{rank}.tmp"), os.path.join(out_dir, f"pid.rank{rank}"))
     _write(path, report)
     if init == "1":
         ts.distributed.init_process_group(group_size=int(group_size))
@@ -50,7 +93,9 @@ def main() -> None:
             except Exception:  # noqa: BLE001 - every failure is reported to pytest
                 results[name] = traceback.format_exc()[-4000:]
             _write(path, report)
-            if dist.is_initialized():
+            _wait_for_every_rank(out_dir, step, rank, world_size, wait)
+            step += 1
+            if dist.is_initialized():  # and a group left broken by the case fails the launch here
                 dist.barrier()
             report["running"] = None
             _write(path, report)
