@@ -1,8 +1,6 @@
 #include "ops/parallel_linear_margin_cross_entropy_impl.h"
 
 #include <ATen/ATen.h>
-#include <ATen/Dispatch.h>
-#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <any>
@@ -11,6 +9,7 @@
 
 #include "comm/registry.h"
 #include "comm/sharded_collectives.h"
+#include "ops/cpu/margin_rows_cpu.h"
 #include "ops/cross_entropy_statistics.h"
 #include "ops/scratch_buffer.h"
 #include "ops/fused_head_driver.h"
@@ -166,49 +165,6 @@ at::Tensor input_rows(const at::Tensor& input, int64_t rows) {
   return input.reshape({rows, input.size(-1)}).contiguous();
 }
 
-// grad_rows [n, features] -= rows (rows . grad_rows) coef in one pass over
-// each row, on the CPU for float and double rows with unit stride (the row
-// stays in cache between its dot and its update: the ATen way reads both
-// weight-sized operands twice). False where it does not apply.
-bool margin_project_rows_cpu(at::Tensor& grad_rows, const at::Tensor& rows,
-                             const at::Tensor& coef) {
-  const at::ScalarType dtype = grad_rows.scalar_type();
-  if (!grad_rows.is_cpu() || (dtype != at::kFloat && dtype != at::kDouble) ||
-      rows.scalar_type() != dtype || coef.scalar_type() != dtype || grad_rows.stride(1) != 1 ||
-      rows.stride(1) != 1) {
-    return false;
-  }
-  const at::Tensor c = coef.contiguous();
-  const int64_t features = rows.size(1);
-  AT_DISPATCH_FLOATING_TYPES(dtype, "margin_project_rows_cpu", [&] {
-    // Partial sums in lanes, so that the dot vectorises (one running sum
-    // would be a chain of dependent additions).
-    constexpr int64_t kLanes = 16;
-    const scalar_t* coef_of = c.const_data_ptr<scalar_t>();
-    const scalar_t* w_base = rows.const_data_ptr<scalar_t>();
-    scalar_t* g_base = grad_rows.mutable_data_ptr<scalar_t>();
-    const int64_t w_stride = rows.stride(0), g_stride = grad_rows.stride(0);
-    at::parallel_for(0, rows.size(0), 64, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        if (coef_of[r] == scalar_t(0)) continue;
-        const scalar_t* w = w_base + r * w_stride;
-        scalar_t* g = g_base + r * g_stride;
-        scalar_t lanes[kLanes] = {};
-        int64_t k = 0;
-        for (; k + kLanes <= features; k += kLanes) {
-          for (int64_t l = 0; l < kLanes; ++l) lanes[l] += g[k + l] * w[k + l];
-        }
-        scalar_t dot = 0;
-        for (; k < features; ++k) dot += g[k] * w[k];
-        for (int64_t l = 0; l < kLanes; ++l) dot += lanes[l];
-        const scalar_t along = dot * coef_of[r];
-        for (k = 0; k < features; ++k) g[k] -= along * w[k];
-      }
-    });
-  });
-  return true;
-}
-
 // What the margin head keeps of a range of columns for their gradient.
 struct MarginColumns {
   at::Tensor target_slope;  // [rows] float64: d psi / d cos of the target
@@ -218,15 +174,19 @@ struct MarginColumns {
 };
 
 // The margin head: scale * cos of unit input rows and unit weight rows, the
-// target's psi(cos). Its GEMMs take the raw weight rows and the normalisation
-// is applied on the small side: cos = (x_unit . w_j) / n_j with n_j =
-// max(|w_j|, eps), the norms computed once per call (one float per column),
-// the logits' columns and their gradient's scaled by 1 / n_j, and the weight
-// gradient's rows projected at the end (finish_weight_rows). With sampling
-// the kept rows are gathered once, at their first use (as large as the
-// row-sparse gradient the call returns); under autocast a range of columns
-// is cast a chunk at a time, so that no reduced-precision copy has the
-// weight's size.
+// target's psi(cos). Without sampling its GEMMs take the raw weight rows and
+// the normalisation is applied on the small side: cos = (x_unit . w_j) / n_j
+// with n_j = max(|w_j|, eps), the norms computed once per call (one float per
+// column), the logits' columns and their gradient's scaled by scale / n_j,
+// and the weight gradient's rows projected as they are finished
+// (finish_weight_rows). With sampling the kept rows are gathered once, at
+// their first use (as large as the row-sparse gradient the call returns),
+// and for a float32 / float64 weight already as scale * w_j / n_j, their
+// norms taken in the same pass: the GEMMs then give the logits as they are
+// and take their gradient as it is (no pass over the logits for the column
+// scales, none over the rows for their norms). Under autocast a range of
+// columns is cast a chunk at a time, so that no reduced-precision copy has
+// the weight's size.
 class MarginHead final : public FusedHead {
  public:
   MarginHead(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& kept,
@@ -241,7 +201,8 @@ class MarginHead final : public FusedHead {
         chunk_size_(chunk_size),
         acc_(cross_entropy_accumulate_type(weight.scalar_type())),
         kernels_(kernels),
-        rows_are_views_(!gemm_) {}
+        rows_are_views_(!gemm_),
+        scaled_unit_rows_(kept.defined() && weight.scalar_type() == acc_) {}
   int64_t columns() const override { return kept_.defined() ? kept_.size(0) : w_.size(0); }
   // The unit input rows, in the GEMMs' dtype (cast once under autocast).
   const at::Tensor& x_rows() const override { return x_gemm_; }
@@ -265,25 +226,34 @@ class MarginHead final : public FusedHead {
     }
     // cos = (x_unit . w_j) / n_j: the target's first (its margin needs the
     // cosine), then every column times scale / n_j in one pass.
-    const at::Tensor inverse = inverse_norms(begin, width);
+    // (Rows gathered as scale * w_j / n_j: the product is that already.)
     const TargetColumns at_target = target_columns(target_local, begin, width);
-    const at::Tensor column = at_target.column.squeeze(1);
-    const at::Tensor cos_target = values.gather(1, at_target.column).squeeze(1).to(at::kDouble) *
-                                  inverse.index_select(0, column).to(at::kDouble);
+    const at::Tensor at_target_value =
+        values.gather(1, at_target.column).squeeze(1).to(at::kDouble);
+    at::Tensor cos_target;
+    if (scaled_unit_rows_) {
+      cos_target = at_target_value / margin_.scale;
+    } else {
+      const at::Tensor inverse = inverse_norms(begin, width);
+      cos_target =
+          at_target_value * inverse.index_select(0, at_target.column.squeeze(1)).to(at::kDouble);
+      values.mul_((inverse * margin_.scale).to(out));
+    }
     const TargetMargin psi = target_margin(cos_target, margin_);
-    values.mul_((inverse * margin_.scale).to(out));
     update_target_entries_(values, at_target,
                            [&](const at::Tensor&) { return psi.value * margin_.scale; });
     return {values, MarginColumns{psi.slope, cast_rows}};
   }
 
   // d loss / d cos -> d loss / d (x_unit . w_j): the target's slope, then the
-  // scale and 1 / n_j, so that both gradient GEMMs take the raw rows.
+  // scale and 1 / n_j, so that both gradient GEMMs take the raw rows (the
+  // gathered rows carry scale / n_j themselves).
   void logit_gradient(LogitChunk& chunk, int64_t begin, int64_t width,
                       const at::Tensor& target_local) const override {
     const at::Tensor& slope = std::any_cast<const MarginColumns&>(chunk.state).target_slope;
     update_target_entries_(chunk.values, target_columns(target_local, begin, width),
                            [&](const at::Tensor& g) { return g.to(at::kDouble) * slope; });
+    if (scaled_unit_rows_) return;
     chunk.values.mul_((inverse_norms(begin, width) * margin_.scale).to(chunk.values.scalar_type()));
   }
 
@@ -300,8 +270,11 @@ class MarginHead final : public FusedHead {
   // The driver's rows are d loss / d w_j taken as if n_j were constant; the
   // normalisation's derivative takes their part along w_j out:
   // g_j -= w_j (w_j . g_j) / n_j^2 where |w_j| >= eps (else n_j is eps, a
-  // constant). One row-wise dot and one in-place update per row.
-  // The rows are views (of the weight, or of the kept rows gathered once).
+  // constant). With rows gathered as v_j = scale * u_j (u_j = w_j / n_j) the
+  // driver's rows are G_j = d loss / d v_j and d loss / d w_j =
+  // (scale / n_j) (G_j - u_j (u_j . G_j)). One row-wise dot and one in-place
+  // update per row. The rows are views (of the weight, or of the kept rows
+  // gathered once).
   void finish_weight_rows(at::Tensor& grad_rows, int64_t begin, int64_t width,
                           const LogitChunk* /*chunk*/) const override {
     project_out_rows(grad_rows, rows_of(begin, width), begin);
@@ -337,11 +310,23 @@ class MarginHead final : public FusedHead {
   // before: kept classes that failed their check must not be gathered).
   at::Tensor rows_of(int64_t begin, int64_t width) const {
     if (!kept_.defined()) return w_.narrow(0, begin, width);
-    if (!gathered_.defined()) {
-      gathered_ = empty_scratch_buffer({kept_.size(0), w_.size(1)}, w_.options());
-      at::index_select_out(gathered_, w_, 0, kept_);
-    }
+    if (!gathered_.defined()) gather_kept_rows();
     return gathered_.narrow(0, begin, width);
+  }
+
+  // The kept rows, as they are or (scaled_unit_rows_) as scale * w_j / n_j
+  // with their norms: in one pass over each row on the CPU.
+  void gather_kept_rows() const {
+    gathered_ = empty_scratch_buffer({kept_.size(0), w_.size(1)}, w_.options());
+    if (!scaled_unit_rows_) {
+      at::index_select_out(gathered_, w_, 0, kept_);
+      return;
+    }
+    norms_ = at::empty({kept_.size(0)}, w_.options());
+    if (gather_scaled_unit_rows_cpu(gathered_, norms_, w_, kept_, margin_.scale, kNormEps)) return;
+    at::index_select_out(gathered_, w_, 0, kept_);
+    at::linalg_vector_norm_out(norms_, gathered_, 2, {1});
+    gathered_.mul_((margin_.scale / norms_.clamp_min(kNormEps)).unsqueeze(1));
   }
 
   // Under autocast: rows [begin, begin + width) cast to the GEMMs' dtype.
@@ -353,6 +338,7 @@ class MarginHead final : public FusedHead {
   // dtype. Made for every column at the first use, in one pass over the rows
   // (a chunk at a time where they must be upcast).
   at::Tensor norms(int64_t begin, int64_t width) const {
+    if (scaled_unit_rows_ && !gathered_.defined()) gather_kept_rows();
     if (!norms_.defined()) {
       if (w_.scalar_type() == acc_) {
         norms_ = at::linalg_vector_norm(rows_of(0, columns()), 2, {1});
@@ -372,15 +358,23 @@ class MarginHead final : public FusedHead {
     return norms(begin, width).clamp_min(kNormEps).reciprocal();
   }
 
-  // grad_rows [n, features] -= rows (rows . grad_rows) / n_j^2 for columns
-  // [begin, begin + n) whose norm is not clamped. The dot runs a slice of
-  // rows at a time, so that its product stays small (and in cache).
+  // grad_rows [n, features] = a_j grad_rows_j - b_j rows_j (rows_j . grad_rows_j)
+  // for columns [begin, begin + n): raw rows, a_j = 1 and b_j = 1 / n_j^2;
+  // rows v_j = scale * w_j / n_j, a_j = scale / n_j and b_j = 1 / (scale n_j);
+  // b_j = 0 where |w_j| < eps (n_j is then eps, a constant). The dot runs a
+  // slice of rows at a time, so that its product stays small (and in cache).
   void project_out_rows(at::Tensor& grad_rows, const at::Tensor& rows, int64_t begin) const {
     const int64_t n = rows.size(0);
     const at::Tensor norms = this->norms(begin, n);
-    // 1 / n_j^2 where |w_j| >= eps, else 0: [n], small.
-    const at::Tensor coef = at::where(norms.ge(kNormEps), (norms * norms).reciprocal(), 0.0);
-    if (margin_project_rows_cpu(grad_rows, rows, coef)) return;
+    const at::Tensor unclamped = norms.ge(kNormEps);
+    at::Tensor a, b;  // [n], small
+    if (scaled_unit_rows_) {
+      a = norms.clamp_min(kNormEps).reciprocal().mul_(margin_.scale);
+      b = at::where(unclamped, (norms * margin_.scale).reciprocal(), 0.0);
+    } else {
+      b = at::where(unclamped, (norms * norms).reciprocal(), 0.0);
+    }
+    if (margin_project_rows_cpu(grad_rows, rows, a, b)) return;
     at::Tensor along = at::empty({n}, norms.options());
     for (int64_t r0 = 0; r0 < n; r0 += kDotRows) {
       const int64_t r = std::min(kDotRows, n - r0);
@@ -388,7 +382,8 @@ class MarginHead final : public FusedHead {
       at::sum_out(out, grad_rows.narrow(0, r0, r).mul(rows.narrow(0, r0, r)), {1},
                   /*keepdim=*/false, acc_);
     }
-    along.mul_(coef);
+    along.mul_(b);
+    if (a.defined()) grad_rows.mul_(a.unsqueeze(1).to(grad_rows.scalar_type()));
     grad_rows.addcmul_(rows, along.unsqueeze(1).to(grad_rows.scalar_type()), -1.0);
   }
 
@@ -405,6 +400,9 @@ class MarginHead final : public FusedHead {
   // Columns' weight rows are slices of the weight (or of the gathered kept
   // rows) as the GEMMs take them (no cast): any range is one GEMM, no copy.
   bool rows_are_views_;
+  // With sampling, for a float32 / float64 weight: the kept rows are
+  // gathered as scale * w_j / n_j (gather_kept_rows).
+  bool scaled_unit_rows_;
   mutable at::Tensor gathered_;  // with sampling: the kept rows [columns, features]
   mutable at::Tensor norms_;     // [columns] |w_j|, unclamped (the projection's mask needs it)
 };

@@ -7,6 +7,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "comm/registry.h"
+#include "ops/cpu/vector_isa.h"
 #include "ops/scratch_buffer.h"
 #include <shardtorch/nn/embedding_init.h>
 #include <shardtorch/nn/init.h>
@@ -126,6 +127,14 @@ PYBIND11_MODULE(_C, m) {
         return shardtorch::ops::empty_scratch_buffer(sizes, at::TensorOptions().dtype(at::kFloat));
       },
       py::arg("sizes"));
+  // For tests: which compiled variant the hand-written CPU kernels run.
+  m.def("_cpu_vector_isa", [] {
+    switch (shardtorch::ops::cpu_vector_isa()) {
+      case shardtorch::ops::VectorIsa::kAvx512: return "avx512";
+      case shardtorch::ops::VectorIsa::kAvx2: return "avx2";
+      default: return "baseline";
+    }
+  });
 
   shardtorch::python::bind_watchdog(m);
   shardtorch::python::bind_comm_testing(m);
