@@ -8,6 +8,7 @@
 
 #include "comm/registry.h"
 #include "ops/probability_target.h"
+#include "ops/scratch_buffer.h"
 
 namespace shardtorch {
 namespace ops {
@@ -58,8 +59,8 @@ class TileGradients {
       grads_.input = at::zeros({rows, features}, head.x_rows().options().dtype(acc));
     }
     if (output_mask[1]) {
-      // Not a scratch buffer (scratch_buffer.h): the caller keeps it.
-      grads_.weight = at::empty({columns, features}, head.weight_options());
+      // Written whole by the first rows' GEMMs; the caller keeps it (scratch_buffer.h).
+      grads_.weight = empty_prefaulted({columns, features}, head.weight_options());
     }
     if (output_mask[2] && head.has_bias()) {
       grads_.bias = at::zeros({columns}, head.weight_options().dtype(acc));

@@ -1,6 +1,7 @@
 #pragma once
-// Large scratch buffers an op allocates on every call, writes whole at once
-// and frees before it returns (a block of logits, the gathered kept rows).
+// Large buffers an op allocates on every call and writes whole at once:
+// scratch it frees before it returns (a block of logits, the gathered kept
+// rows), and outputs (a weight gradient).
 #include <ATen/ATen.h>
 
 namespace shardtorch {
@@ -21,6 +22,16 @@ namespace ops {
 at::Tensor empty_scratch_buffer(at::IntArrayRef sizes, const at::TensorOptions& options);
 
 constexpr int64_t kHugePageAdviceBytes = int64_t(4) << 20;
+
+// at::empty for an output the op writes whole at once and hands to its caller
+// (the weight gradient): on a Linux CPU a buffer of at least
+// kHugePageAdviceBytes has its pages made present in one call
+// (MADV_POPULATE_WRITE, Linux 5.14; a hint, ignored where the kernel lacks
+// it) instead of one fault per 4 KiB page in the GEMM that writes it. No huge
+// pages (see above), no more memory than the write would take anyway. Measured
+// on one core (a /tmp microbenchmark): 100 MB fresh written in 50 ms, 40 ms
+// populated first; 1 GB in 410-490 ms, 353 ms.
+at::Tensor empty_prefaulted(at::IntArrayRef sizes, const at::TensorOptions& options);
 
 }  // namespace ops
 }  // namespace shardtorch

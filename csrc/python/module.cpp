@@ -127,6 +127,13 @@ PYBIND11_MODULE(_C, m) {
         return shardtorch::ops::empty_scratch_buffer(sizes, at::TensorOptions().dtype(at::kFloat));
       },
       py::arg("sizes"));
+  // For tests: an op's large outputs written whole (float32, CPU), as they allocate them.
+  m.def(
+      "_empty_prefaulted",
+      [](std::vector<int64_t> sizes) {
+        return shardtorch::ops::empty_prefaulted(sizes, at::TensorOptions().dtype(at::kFloat));
+      },
+      py::arg("sizes"));
   // For tests: which compiled variant the hand-written CPU kernels run.
   m.def("_cpu_vector_isa", [] {
     switch (shardtorch::ops::cpu_vector_isa()) {

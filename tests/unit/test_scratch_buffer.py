@@ -1,7 +1,8 @@
 """The ops' per-call scratch buffers (csrc/ops/scratch_buffer.h): a buffer of at
 least 4 MiB is advised for transparent huge pages before its first touch (one
 page fault per 2 MiB instead of per 4 KiB), and is otherwise a plain empty
-tensor that torch's allocator accounts for."""
+tensor that torch's allocator accounts for. Their large outputs written whole
+(a weight gradient) have their pages made present in one call instead."""
 import os
 import re
 
@@ -55,3 +56,36 @@ def test_a_large_scratch_buffer_is_advised_for_huge_pages_before_its_first_touch
     small = ts._C._empty_scratch_buffer([1 << 10])
     plain = torch.empty(1 << 10)
     assert ("hg" in _vm_flags_at(small.data_ptr())) == ("hg" in _vm_flags_at(plain.data_ptr()))
+
+
+def _present_fraction(address, nbytes):
+    """The fraction of the whole 4 KiB pages in [address, address + nbytes)
+    that are present (/proc/self/pagemap's bit 63, readable without
+    privileges), precise where smaps would show a merged mapping."""
+    page = 4096
+    first, last = (address + page - 1) // page, (address + nbytes) // page
+    with open("/proc/self/pagemap", "rb") as f:
+        f.seek(first * 8)
+        entries = f.read((last - first) * 8)
+    present = sum(int.from_bytes(entries[i:i + 8], "little") >> 63 for i in range(0, len(entries), 8))
+    return present / (last - first)
+
+
+def _kernel_at_least(major, minor):
+    found = re.match(r"(\d+)\.(\d+)", os.uname().release)
+    return found is not None and (int(found.group(1)), int(found.group(2))) >= (major, minor)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/pagemap") or not _kernel_at_least(5, 14),
+                    reason="MADV_POPULATE_WRITE needs Linux 5.14")
+def test_a_large_output_has_its_pages_present_before_its_first_write():
+    sizes = [16 << 20]  # 64 MiB: a mapping of its own
+    t = ts._C._empty_prefaulted(sizes)
+    assert list(t.shape) == sizes and t.dtype == torch.float32 and t.is_contiguous()
+    assert _present_fraction(t.data_ptr(), t.nbytes) == 1.0
+    plain = torch.empty(sizes)  # the control: torch's own empty is not yet present
+    assert _present_fraction(plain.data_ptr(), plain.nbytes) < 0.01
+    t.copy_(torch.arange(t.numel(), dtype=torch.float32))
+    assert torch.equal(t[-5:], torch.arange(t.numel() - 5, t.numel(), dtype=torch.float32))
+    small = ts._C._empty_prefaulted([3, 5])
+    assert list(small.shape) == [3, 5]
