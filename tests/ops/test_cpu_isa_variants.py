@@ -4,7 +4,8 @@ a narrower one SHARDTORCH_CPU_ISA asks for. Each variant this machine can run
 is checked in its own process against float64 references: the sampled margin
 head's gather of normalised rows and its projection of the weight gradient's
 rows (rows whose norms span twelve orders of magnitude, a row below eps and a
-zero row), float32 and float64, both of the head's paths."""
+zero row), float32 and float64, both of the head's paths, at 6 features and at
+67 (the vector loops and their tails) with more than 128 kept rows."""
 import os
 import subprocess
 import sys
@@ -25,8 +26,9 @@ ts.distributed.init_process_group(group_size=1)
 print(ts._C._cpu_vector_isa())
 for path in ("in_forward", "by_chunks"):
     for dtype in (torch.float32, torch.float64):
-        check("cpu", path, True, dtype)
-        check("cpu", path, False, dtype)
+        for large in (False, True):
+            check("cpu", path, True, dtype, large)
+            check("cpu", path, False, dtype, large)
 """
 
 

@@ -271,18 +271,26 @@ def _margin_gradients_by_path(path, x, w, target, kept, chunk):
     return loss, gx, gw
 
 
-def check_weight_rows_of_very_different_norms(device, path, sampled, dtype):
-    """The head normalises on the small side (column scales 1/n_j, then the weight gradient's rows projected,
-    g_j - w_j (w_j . g_j) / n_j^2 where |w_j| >= eps): against F.normalize composed in float64, for rows whose
-    norms span twelve orders of magnitude, a row below eps and a zero row (targets on them too). Compared row
-    by row relative to each row's own norm, the gradients' rows being as different in size as the rows.
-    Also run on CUDA by tests/gpu/test_margin_cuda.py."""
-    rows, classes, features, chunk = 7, 23, 6, 4
+def check_weight_rows_of_very_different_norms(device, path, sampled, dtype, large=False):
+    """The head normalises on the small side (without sampling column scales scale / n_j; with sampling the
+    kept rows gathered as scale * w_j / n_j; then the weight gradient's rows projected, g_j - w_j (w_j . g_j) /
+    n_j^2 where |w_j| >= eps): against F.normalize composed in float64, for rows whose norms span twelve orders
+    of magnitude, a row below eps and a zero row (targets on them too). Compared row by row relative to each
+    row's own norm, the gradients' rows being as different in size as the rows. ``large``: 67 features and
+    more than 128 kept rows, so that the CPU row kernels' vector loops and their tails run
+    (tests/ops/test_cpu_isa_variants.py). Also run on CUDA by tests/gpu/test_margin_cuda.py."""
+    rows, classes, features, chunk = (40, 301, 67, 32) if large else (7, 23, 6, 4)
     w64 = _weight_of_very_different_norms(classes, features, torch.float64, seed=5)
     g = torch.Generator().manual_seed(6)
     x64 = torch.randn(rows, features, generator=g, dtype=torch.float64)
-    target = torch.tensor([1, 2, 0, 22, -100, 7, 2])
-    kept = torch.tensor([0, 1, 2, 5, 7, 8, 13, 21, 22]) if sampled else None
+    if large:
+        target = torch.randint(0, classes, (rows,), generator=g)
+        target[:5] = torch.tensor([1, 2, 0, classes - 1, -100])
+        others = set(range(0, classes, 2)) | {1, 2}
+        kept = torch.tensor(sorted(others | set(target[target >= 0].tolist()))) if sampled else None
+    else:
+        target = torch.tensor([1, 2, 0, 22, -100, 7, 2])
+        kept = torch.tensor([0, 1, 2, 5, 7, 8, 13, 21, 22]) if sampled else None
     on = (x64.to(device, dtype), w64.to(device, dtype), target.to(device), None if kept is None else kept.to(device))
     loss, gx, gw = _margin_gradients_by_path(path, *on, chunk)
     x_r, w_r = x64.clone().requires_grad_(), w64.to(dtype).double().requires_grad_()

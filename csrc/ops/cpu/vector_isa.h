@@ -12,7 +12,10 @@
 // taking its arguments by value (pointers, sizes), and
 //   SHARDTORCH_ISA_VARIANTS(run_kernel, kernel)
 // defines run_kernel(args...): the kernel inlined into a baseline, an AVX2
-// and an AVX-512 function, called through the one this CPU runs.
+// and an AVX-512 function, called through the one this CPU runs. Use it (and
+// name the kernel's helpers) inside an anonymous namespace: the unity build
+// compiles several files as one, and two files' templates of one name would
+// otherwise be one definition.
 #include <c10/util/Exception.h>
 
 #include <cstdint>
@@ -23,6 +26,18 @@ namespace shardtorch {
 namespace ops {
 
 enum class VectorIsa { kBaseline, kAvx2, kAvx512 };
+
+// The widest variant SHARDTORCH_CPU_ISA allows (unset: every one).
+inline VectorIsa vector_isa_asked() {
+  const char* asked = std::getenv("SHARDTORCH_CPU_ISA");
+  if (asked == nullptr || *asked == '\0') return VectorIsa::kAvx512;
+  const std::string name(asked);
+  TORCH_CHECK(name == "baseline" || name == "avx2" || name == "avx512",
+              "SHARDTORCH_CPU_ISA must be baseline, avx2 or avx512, got '", name, "'");
+  return name == "baseline" ? VectorIsa::kBaseline
+         : name == "avx2"   ? VectorIsa::kAvx2
+                            : VectorIsa::kAvx512;
+}
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define SHARDTORCH_MULTI_ISA 1
@@ -44,14 +59,7 @@ inline VectorIsa cpu_vector_isa() {
     } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
       widest = VectorIsa::kAvx2;
     }
-    const char* asked = std::getenv("SHARDTORCH_CPU_ISA");
-    if (asked == nullptr || *asked == '\0') return widest;
-    const std::string name(asked);
-    TORCH_CHECK(name == "baseline" || name == "avx2" || name == "avx512",
-                "SHARDTORCH_CPU_ISA must be baseline, avx2 or avx512, got '", name, "'");
-    const VectorIsa cap = name == "baseline" ? VectorIsa::kBaseline
-                          : name == "avx2"   ? VectorIsa::kAvx2
-                                             : VectorIsa::kAvx512;
+    const VectorIsa cap = vector_isa_asked();
     return cap < widest ? cap : widest;
   }();
   return isa;
@@ -61,7 +69,14 @@ inline VectorIsa cpu_vector_isa() {
 #define SHARDTORCH_INLINE_KERNEL inline
 #define SHARDTORCH_TARGET_AVX2
 #define SHARDTORCH_TARGET_AVX512
-inline VectorIsa cpu_vector_isa() { return VectorIsa::kBaseline; }
+// Only baseline code here; SHARDTORCH_CPU_ISA is still checked.
+inline VectorIsa cpu_vector_isa() {
+  static const VectorIsa isa = [] {
+    (void)vector_isa_asked();
+    return VectorIsa::kBaseline;
+  }();
+  return isa;
+}
 #endif
 
 #define SHARDTORCH_ISA_VARIANTS(name, kernel)                                    \
