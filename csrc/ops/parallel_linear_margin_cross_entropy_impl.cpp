@@ -181,8 +181,8 @@ struct MarginColumns {
 // and the weight gradient's rows projected as they are finished
 // (finish_weight_rows). With sampling the kept rows are gathered once, at
 // their first use (as large as the row-sparse gradient the call returns),
-// and for a float32 / float64 weight already as scale * w_j / n_j, their
-// norms taken in the same pass: the GEMMs then give the logits as they are
+// and for a float32 / float64 weight (not under float16 autocast) already as
+// scale * w_j / n_j, their norms taken in the same pass: the GEMMs then give the logits as they are
 // and take their gradient as it is (no pass over the logits for the column
 // scales, none over the rows for their norms). Under autocast a range of
 // columns is cast a chunk at a time, so that no reduced-precision copy has
@@ -202,7 +202,7 @@ class MarginHead final : public FusedHead {
         acc_(cross_entropy_accumulate_type(weight.scalar_type())),
         kernels_(kernels),
         rows_are_views_(!gemm_),
-        scaled_unit_rows_(kept.defined() && weight.scalar_type() == acc_) {}
+        scaled_unit_rows_(kept.defined() && weight.scalar_type() == acc_ && gemm_ != at::kHalf) {}
   int64_t columns() const override { return kept_.defined() ? kept_.size(0) : w_.size(0); }
   // The unit input rows, in the GEMMs' dtype (cast once under autocast).
   const at::Tensor& x_rows() const override { return x_gemm_; }
@@ -401,7 +401,10 @@ class MarginHead final : public FusedHead {
   // rows) as the GEMMs take them (no cast): any range is one GEMM, no copy.
   bool rows_are_views_;
   // With sampling, for a float32 / float64 weight: the kept rows are
-  // gathered as scale * w_j / n_j (gather_kept_rows).
+  // gathered as scale * w_j / n_j (gather_kept_rows). Not under float16
+  // autocast: the logits' gradient would then be cast to float16 without its
+  // factor scale / n_j (about 2^8 with PartialFC's weights) and its small
+  // values would lose their bits among float16's subnormals.
   bool scaled_unit_rows_;
   mutable at::Tensor gathered_;  // with sampling: the kept rows [columns, features]
   mutable at::Tensor norms_;     // [columns] |w_j|, unclamped (the projection's mask needs it)
