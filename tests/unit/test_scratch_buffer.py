@@ -62,10 +62,10 @@ def test_a_large_scratch_buffer_is_advised_for_huge_pages_before_its_first_touch
 
 
 def _present_fraction(address, nbytes):
-    """The fraction of the whole 4 KiB pages in [address, address + nbytes)
-    that are present (/proc/self/pagemap's bit 63, readable without
-    privileges), precise where smaps would show a merged mapping."""
-    page = 4096
+    """The fraction of the whole pages in [address, address + nbytes) that are
+    present (/proc/self/pagemap's bit 63, readable without privileges),
+    precise where smaps would show a merged mapping."""
+    page = os.sysconf("SC_PAGE_SIZE")
     first, last = (address + page - 1) // page, (address + nbytes) // page
     with open("/proc/self/pagemap", "rb") as f:
         f.seek(first * 8)
