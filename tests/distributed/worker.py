@@ -29,9 +29,11 @@ def _exited(out_dir: str, rank: int) -> bool:
             pid = int(f.read())
     except (OSError, ValueError):
         return False
+    if not os.path.isdir("/proc"):
+        return False  # no way to tell here (Linux only): wait for the deadline
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
     except FileNotFoundError:
         return True
     except (OSError, IndexError):
@@ -48,30 +50,43 @@ def _wait_for_every_rank(out_dir: str, step: int, rank: int, world_size: int, ti
     open(os.path.join(out_dir, f"done{step}.rank{rank}"), "w").close()
     deadline = time.monotonic() + timeout
     for peer in range(world_size):
+        pause = 0.001  # short first (most waits are), then at most 20 ms: the peer may need the core
         while not os.path.exists(os.path.join(out_dir, f"done{step}.rank{peer}")):
             if _exited(out_dir, peer):
                 raise RuntimeError(f"rank {rank}: rank {peer} exited before it finished case {step}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"rank {rank}: rank {peer} did not finish case {step} within {timeout:.0f} s")
-            time.sleep(0.002)
+            time.sleep(pause)
+            pause = min(0.02, pause * 2)
 
 
 def main() -> None:
     requests, group_size, out_dir, init = sys.argv[1:5]
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    # First, so that a rank dying in its imports is seen as gone by its peers.
+    pid_file = os.path.join(out_dir, f"pid.rank{rank}")
+    with open(pid_file + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(pid_file + ".tmp", pid_file)
     import torch.distributed as dist
 
     import shardtorch as ts
 
-    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     # Longer than a stuck collective's timeout: a peer blocked in one gets there after it.
     wait = 3 * float(os.environ.get("SHARDTORCH_TIMEOUT", "60")) + 60
     step = 0
+
+    def after_case() -> None:
+        # Every rank counts the same steps, a case it could not run included.
+        nonlocal step
+        _wait_for_every_rank(out_dir, step, rank, world_size, wait)
+        step += 1
+        if dist.is_initialized():  # and a group left broken by the case fails the launch here
+            dist.barrier()
+
     path = os.path.join(out_dir, f"rank{rank}.json")
     # results: {module: {case: None or error}}; running: [module, case] or None.
     report = {"results": {}, "running": None}
-    with open(os.path.join(out_dir, f"pid.rank{rank}.tmp"), "w") as f:
-        f.write(str(os.getpid()))
-    os.replace(os.path.join(out_dir, f"pid.rank{rank}.tmp"), os.path.join(out_dir, f"pid.rank{rank}"))
     _write(path, report)
     if init == "1":
         ts.distributed.init_process_group(group_size=int(group_size))
@@ -83,6 +98,8 @@ def main() -> None:
             error = "importing the case module failed:\n" + traceback.format_exc()[-4000:]
             results.update({name: error for name in cases})
             _write(path, report)
+            for _ in cases:
+                after_case()
             continue
         for name in cases or sorted(n for n in dir(module) if n.startswith("case_")):
             report["running"] = [module_name, name]
@@ -93,10 +110,7 @@ def main() -> None:
             except Exception:  # noqa: BLE001 - every failure is reported to pytest
                 results[name] = traceback.format_exc()[-4000:]
             _write(path, report)
-            _wait_for_every_rank(out_dir, step, rank, world_size, wait)
-            step += 1
-            if dist.is_initialized():  # and a group left broken by the case fails the launch here
-                dist.barrier()
+            after_case()
             report["running"] = None
             _write(path, report)
     if ts.distributed.is_initialized():
