@@ -40,7 +40,6 @@ inline VectorIsa vector_isa_asked() {
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define SHARDTORCH_MULTI_ISA 1
 #define SHARDTORCH_INLINE_KERNEL __attribute__((always_inline)) inline
 #define SHARDTORCH_TARGET_AVX2 __attribute__((target("avx2,fma")))
 #define SHARDTORCH_TARGET_AVX512 \
@@ -65,7 +64,6 @@ inline VectorIsa cpu_vector_isa() {
   return isa;
 }
 #else
-#define SHARDTORCH_MULTI_ISA 0
 #define SHARDTORCH_INLINE_KERNEL inline
 #define SHARDTORCH_TARGET_AVX2
 #define SHARDTORCH_TARGET_AVX512
