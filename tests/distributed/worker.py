@@ -21,13 +21,13 @@ def _write(path: str, report: dict) -> None:
 
 
 def _exited(out_dir: str, rank: int) -> bool:
-    """Whether rank ``rank`` has exited: its pid file names a process that is
-    gone or a zombie (its peers then stop waiting for it at once). A rank that
-    has not written its pid file yet has not exited."""
+    """Whether rank ``rank`` has exited: the pid in its report names a process
+    that is gone or a zombie (its peers then stop waiting for it at once). A
+    rank that has not written its report yet has not exited."""
     try:
-        with open(os.path.join(out_dir, f"pid.rank{rank}")) as f:
-            pid = int(f.read())
-    except (OSError, ValueError):
+        with open(os.path.join(out_dir, f"rank{rank}.json")) as f:
+            pid = int(json.load(f)["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
         return False
     if not os.path.isdir("/proc"):
         return False  # no way to tell here (Linux only): wait for the deadline
@@ -63,11 +63,11 @@ def _wait_for_every_rank(out_dir: str, step: int, rank: int, world_size: int, ti
 def main() -> None:
     requests, group_size, out_dir, init = sys.argv[1:5]
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    # First, so that a rank dying in its imports is seen as gone by its peers.
-    pid_file = os.path.join(out_dir, f"pid.rank{rank}")
-    with open(pid_file + ".tmp", "w") as f:
-        f.write(str(os.getpid()))
-    os.replace(pid_file + ".tmp", pid_file)
+    path = os.path.join(out_dir, f"rank{rank}.json")
+    # results: {module: {case: None or error}}; running: [module, case] or None.
+    # First, with the pid, so that a rank dying in its imports is seen as gone by its peers.
+    report = {"results": {}, "running": None, "pid": os.getpid()}
+    _write(path, report)
     import torch.distributed as dist
 
     import shardtorch as ts
@@ -84,10 +84,6 @@ def main() -> None:
         if dist.is_initialized():  # and a group left broken by the case fails the launch here
             dist.barrier()
 
-    path = os.path.join(out_dir, f"rank{rank}.json")
-    # results: {module: {case: None or error}}; running: [module, case] or None.
-    report = {"results": {}, "running": None}
-    _write(path, report)
     if init == "1":
         ts.distributed.init_process_group(group_size=int(group_size))
     for module_name, cases in json.loads(requests):
