@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include "ops/recycled_buffers.h"
 #include "ops/scratch_buffer.h"
 
 namespace shardtorch {
@@ -14,8 +15,10 @@ at::Tensor CrossEntropyKernels::chunk_logits(const at::Tensor& x, const at::Tens
                                              at::ScalarType out) const {
   if (x.scalar_type() == out && w_chunk.scalar_type() == out &&
       (!bias_chunk.defined() || bias_chunk.scalar_type() == out)) {
-    // Written straight into a scratch buffer advised for huge pages (scratch_buffer.h).
-    at::Tensor logits = empty_scratch_buffer({x.size(0), w_chunk.size(0)}, x.options());
+    // Written straight into a scratch buffer advised for huge pages
+    // (scratch_buffer.h), the last calls' when free (recycled_buffers.h).
+    static BufferSlot* const slot = new BufferSlot();
+    at::Tensor logits = slot->take({x.size(0), w_chunk.size(0)}, x.options(), empty_scratch_buffer);
     return bias_chunk.defined() ? at::addmm_out(logits, bias_chunk, x, w_chunk.t())
                                 : at::mm_out(logits, x, w_chunk.t());
   }

@@ -8,6 +8,7 @@
 
 #include "comm/registry.h"
 #include "ops/probability_target.h"
+#include "ops/recycled_buffers.h"
 #include "ops/scratch_buffer.h"
 
 namespace shardtorch {
@@ -59,8 +60,11 @@ class TileGradients {
       grads_.input = at::zeros({rows, features}, head.x_rows().options().dtype(acc));
     }
     if (output_mask[1]) {
-      // Written whole by the first rows' GEMMs; the caller keeps it (scratch_buffer.h).
-      grads_.weight = empty_prefaulted({columns, features}, head.weight_options());
+      // Written whole by the first rows' GEMMs; the caller keeps it
+      // (scratch_buffer.h), and the call after takes it again once the
+      // caller has let go of it (recycled_buffers.h).
+      static BufferSlot* const slot = new BufferSlot();
+      grads_.weight = slot->take({columns, features}, head.weight_options(), empty_prefaulted);
     }
     if (output_mask[2] && head.has_bias()) {
       grads_.bias = at::zeros({columns}, head.weight_options().dtype(acc));

@@ -10,6 +10,7 @@
 #include <any>
 
 #include "ops/cross_entropy_statistics.h"
+#include "ops/recycled_buffers.h"
 #include "ops/scratch_buffer.h"
 #include "ops/fused_head_driver.h"
 #include "ops/gemm_precision.h"
@@ -66,7 +67,8 @@ class LinearHead final : public FusedHead {
       at::Tensor w_gemm = w_.narrow(0, begin, width).to(*gemm_);
       chunk = {kernels_.chunk_logits(x, w_gemm, at::Tensor(), acc_), CastColumns{begin, w_gemm}};
     } else {
-      chunk.values = empty_scratch_buffer({x.size(0), width}, x.options().dtype(acc_));
+      static BufferSlot* const slot = new BufferSlot();
+      chunk.values = slot->take({x.size(0), width}, x.options().dtype(acc_), empty_scratch_buffer);
       for (int64_t c = 0; c < width; c += chunk_size_) {
         const int64_t w = std::min(chunk_size_, width - c);
         chunk.values.narrow(1, c, w).copy_(

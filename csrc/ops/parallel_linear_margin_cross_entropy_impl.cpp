@@ -11,6 +11,7 @@
 #include "comm/sharded_collectives.h"
 #include "ops/cpu/margin_rows_cpu.h"
 #include "ops/cross_entropy_statistics.h"
+#include "ops/recycled_buffers.h"
 #include "ops/scratch_buffer.h"
 #include "ops/fused_head_driver.h"
 #include "ops/gemm_precision.h"
@@ -218,7 +219,8 @@ class MarginHead final : public FusedHead {
       cast_rows = gemm_rows(begin, width);
       values = kernels_.chunk_logits(x, cast_rows, at::Tensor(), out);
     } else {
-      values = empty_scratch_buffer({x.size(0), width}, x.options().dtype(out));
+      static BufferSlot* const slot = new BufferSlot();
+      values = slot->take({x.size(0), width}, x.options().dtype(out), empty_scratch_buffer);
       for_each_chunk(begin, width, [&](int64_t c0, int64_t w) {
         at::Tensor part = values.narrow(1, c0 - begin, w);
         logits_into(part, x, gemm_rows(c0, w));
@@ -317,7 +319,8 @@ class MarginHead final : public FusedHead {
   // The kept rows, as they are or (scaled_unit_rows_) as scale * w_j / n_j
   // with their norms: in one pass over each row on the CPU.
   void gather_kept_rows() const {
-    gathered_ = empty_scratch_buffer({kept_.size(0), w_.size(1)}, w_.options());
+    static BufferSlot* const slot = new BufferSlot();
+    gathered_ = slot->take({kept_.size(0), w_.size(1)}, w_.options(), empty_scratch_buffer);
     if (!scaled_unit_rows_) {
       at::index_select_out(gathered_, w_, 0, kept_);
       return;

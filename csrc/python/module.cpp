@@ -8,6 +8,7 @@
 
 #include "comm/registry.h"
 #include "ops/cpu/vector_isa.h"
+#include "ops/recycled_buffers.h"
 #include "ops/scratch_buffer.h"
 #include <shardtorch/nn/embedding_init.h>
 #include <shardtorch/nn/init.h>
@@ -120,6 +121,7 @@ PYBIND11_MODULE(_C, m) {
     return py::make_tuple(stats.current_bytes, stats.peak_bytes);
   });
   m.def("reset_cpu_peak_memory", &shardtorch::utils::reset_cpu_peak_memory);
+  m.def("free_recycled_buffers", &shardtorch::ops::free_recycled_buffers);
   // For tests: the ops' per-call scratch buffers (float32, CPU), as they allocate them.
   m.def(
       "_empty_scratch_buffer",

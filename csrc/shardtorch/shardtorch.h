@@ -22,4 +22,5 @@
 #include <shardtorch/nn/parallel_cross_entropy.h>
 #include <shardtorch/nn/parallel_embedding.h>
 #include <shardtorch/nn/parallel_linear.h>
+#include <shardtorch/ops/recycled_buffers.h>
 #include <shardtorch/topology/topology.h>

@@ -3,6 +3,11 @@
 torch keeps allocator statistics only for CUDA. ``track_cpu_memory()`` wraps
 the CPU allocator (in the C++ core) so that every CPU tensor allocation, inside
 ops too, is counted until freed; tensors that existed before are not counted.
+
+The fused heads keep their large CPU buffers (a weight gradient, the gathered
+kept rows, blocks of logits) for their next call instead of freeing them
+(csrc/ops/recycled_buffers.h): ``free_recycled_buffers()`` lets go of those
+nobody holds. ``SHARDTORCH_RECYCLE_BUFFERS=0`` turns the recycling off.
 """
 import torch
 
@@ -14,10 +19,21 @@ def track_cpu_memory() -> None:
     _C.install_cpu_memory_tracker()
 
 
+def free_recycled_buffers() -> int:
+    """Frees the CPU buffers the fused heads keep for their next call and that
+    nothing else holds (a gradient the caller still holds stays); returns the
+    bytes freed. Like ``torch.cuda.empty_cache()`` for their CPU buffers: call
+    it where the memory is needed for something else (an evaluation between
+    epochs, say); the next training step allocates them again."""
+    return _C.free_recycled_buffers()
+
+
 class PeakMemory:
     """``with PeakMemory(device) as m: ...`` then ``m.peak_bytes``: the largest
     amount of tensor memory alive during the block beyond what was alive when it
-    began (CPU needs track_cpu_memory() first; it is called here if not)."""
+    began (CPU needs track_cpu_memory() first; it is called here if not). On
+    the CPU it first frees the buffers the fused heads keep between calls
+    (free_recycled_buffers()), so that the block's own buffers count."""
 
     def __init__(self, device="cpu"):
         self.device = torch.device(device)
@@ -29,6 +45,7 @@ class PeakMemory:
             self._start = torch.cuda.memory_allocated(self.device)
         else:
             track_cpu_memory()
+            free_recycled_buffers()
             _C.reset_cpu_peak_memory()
             self._start = _C.cpu_memory_stats()[0]
         return self
