@@ -105,11 +105,19 @@ void softmax_grad_rows(const at::Tensor& values, int64_t col_begin, const at::Te
         .sub_(c.select(1, kCoefLseRemainder).unsqueeze(1))
         .exp_()
         .mul_(c.select(1, kCoefGradScale).unsqueeze(1));
-    const at::Tensor smooth = c.select(1, kCoefSmoothScale).unsqueeze(1);
-    if (w_cols.defined()) {
-      g.addcmul_(smooth, w_cols.unsqueeze(0), -1);
-    } else {
-      g.sub_(smooth);
+    // The label smoothing's term, a pass over the block, only where a row
+    // has one (without smoothing x - 0 == x: nothing to do).
+    bool smoothing = false;
+    for (int64_t r = 0; r < n && !smoothing; ++r) {
+      smoothing = c_data[(row0 + r) * kNumGradCoefs + kCoefSmoothScale] != acc_t(0);
+    }
+    if (smoothing) {
+      const at::Tensor smooth = c.select(1, kCoefSmoothScale).unsqueeze(1);
+      if (w_cols.defined()) {
+        g.addcmul_(smooth, w_cols.unsqueeze(0), -1);
+      } else {
+        g.sub_(smooth);
+      }
     }
     acc_t* g_data = g.data_ptr<acc_t>();
     for (int64_t r = 0; r < n; ++r) {
