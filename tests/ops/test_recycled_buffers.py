@@ -112,8 +112,6 @@ def test_a_released_gradient_is_taken_again_and_can_be_freed(world_of_one, head)
     # The gradient a caller holds is not freed (nor counted): the step's other buffers are.
     _check_step(head, ws, 2)
     assert free_recycled_buffers() <= freed - gradient_bytes
-    held = _dense(ws.grad).clone()
-    torch.testing.assert_close(_dense(ws.grad), held, rtol=0, atol=0)
 
 
 _OFF = """
