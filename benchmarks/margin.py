@@ -40,9 +40,13 @@ Floor: the raw GEMMs the head must do per rank at the same shapes and dtype, on
 the same thread count, both ranks at once, into outputs allocated before: logits [B x F] x [F x K], the input
 gradient [B x K] x [K x F] and the weight gradient [K x B] x [B x F], with
 B = world x batch, K = this rank's kept classes (ceil(R x local)); in the bf16
-rows bfloat16 operands and output (float32 accumulation inside), which is what
-autocast gives on the CPU (torch has no CPU kernel for a float32-output
-bfloat16 mm, aten::mm.dtype). "step / floor" says how far a
+rows the faster of float32 and bfloat16 operands and output (float32
+accumulation inside: what autocast gives on the CPU, torch having no CPU kernel
+for a float32-output bfloat16 mm), since under autocast shardtorch's heads run
+their CPU GEMMs in bfloat16 only where the CPU has bfloat16 instructions (AMX,
+AVX512-BF16) and in float32 elsewhere, where the emulated bfloat16 GEMM is the
+slower (docs/cuda.md, Autocast; SHARDTORCH_CPU_AUTOCAST_GEMMS=reduced asks for
+bfloat16 anyway). Both are in the JSON. "step / floor" says how far a
 step is from that limit.
 
 Optimizer alone: benchmarks/optimizer.py's measurement (RowSparseSGD.step
@@ -280,8 +284,15 @@ def _rank_main(args):
             kept = local if rate >= 1.0 else min(local, math.ceil(rate * local))
             dist.barrier()
             floor = _gemm_floor(size * args.batch, args.features, kept, bf16, max(args.iters, 3))
+            floors = {"bfloat16" if bf16 else "float32": floor}
+            if bf16:
+                # Under autocast the head may run its CPU GEMMs in float32 (where the CPU has no
+                # bfloat16 instructions and float32 is faster): the floor is the faster of the two.
+                floors["float32"] = _gemm_floor(size * args.batch, args.features, kept, False, max(args.iters, 3))
+                floor = min(floors.values())
             results.append({"classes": classes, "rate": rate, "precision": precision, "kept_rows": kept,
-                            "seconds": seconds, "floor_seconds": floor, "step0_loss": losses_at_start})
+                            "seconds": seconds, "floor_seconds": floor, "floors_by_dtype": floors,
+                            "step0_loss": losses_at_start})
             print(f"rank {rank}: {classes} classes rate {rate} {precision}: "
                   + ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in seconds.items())
                   + f", floor {floor * 1e3:.0f} ms, step-0 losses {losses_at_start}", flush=True)

@@ -5,6 +5,13 @@ import pytest
 
 from tests.distributed.harness import LaunchCache, expected_requests
 
+# The fused heads run their CPU GEMMs under autocast in the autocast dtype only where the CPU
+# multiplies it in hardware (AMX, AVX512-BF16/FP16), float32 elsewhere. The suite asks for the
+# reduced dtype on every CPU, so that the reduced-precision path is what the autocast tests check
+# whatever machine runs them (the ranks it starts inherit it); test_autocast_gemm_choice.py checks
+# the automatic choice itself.
+os.environ.setdefault("SHARDTORCH_CPU_AUTOCAST_GEMMS", "reduced")
+
 
 @pytest.fixture(scope="session")
 def launches(request):

@@ -8,6 +8,7 @@
 // accumulate in float32. A thread-local like autocast's own state: the op's
 // schema stays as it is, and the op called outside autocast is unchanged.
 
+#include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
 
 #include <optional>
@@ -24,6 +25,17 @@ inline std::optional<at::ScalarType> fused_head_gemm_dtype(at::ScalarType operan
   if (operand != at::kFloat) return std::nullopt;
   return fused_head_gemm_dtype_state;
 }
+
+// The GEMM dtype the autocast kernels set for `device`, whose autocast dtype
+// is `autocast_dtype` (nullopt: float32 GEMMs). On CUDA the reduced dtype
+// when autocast's is one (tensor cores). On the CPU the reduced dtype only
+// where the CPU multiplies it in hardware (ops/cpu/native_reduced_gemm.h):
+// elsewhere a bfloat16 GEMM is a float32 one done slower and rounded, so
+// float32 is both faster and closer. SHARDTORCH_CPU_AUTOCAST_GEMMS (read at
+// each call) overrides that choice: `auto` (unset: the above), `reduced`
+// (always the autocast dtype) or `float32`.
+std::optional<at::ScalarType> fused_head_autocast_gemm_dtype(
+    c10::DeviceType device, std::optional<at::ScalarType> autocast_dtype);
 
 // Sets the GEMM dtype for the guard's scope (the autocast kernel's call).
 class FusedHeadGemmDtypeGuard {

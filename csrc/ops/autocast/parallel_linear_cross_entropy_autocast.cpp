@@ -28,7 +28,8 @@ at::Tensor linear_cross_entropy_autocast(
     double label_smoothing, double z_loss, int64_t reduction, int64_t chunk_size,
     const std::string& group, std::optional<int64_t> num_classes) {
   c10::impl::ExcludeDispatchKeyGuard no_autocast(AutocastKey);
-  const FusedHeadGemmDtypeGuard gemms(reduced_autocast_dtype(Device));
+  const FusedHeadGemmDtypeGuard gemms(
+      fused_head_autocast_gemm_dtype(Device, reduced_autocast_dtype(Device)));
   return parallel_linear_cross_entropy(to_float32(input), to_float32(weight), to_float32(bias),
                                        to_float32(target), to_float32(class_weight), ignore_index,
                                        label_smoothing, z_loss, reduction, chunk_size, group,

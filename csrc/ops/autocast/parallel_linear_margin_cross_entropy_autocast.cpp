@@ -53,7 +53,8 @@ at::Tensor margin_cross_entropy_autocast(
     int64_t reduction, const std::optional<at::Tensor>& sampled_classes, int64_t chunk_size,
     const std::string& group, std::optional<int64_t> num_classes) {
   c10::impl::ExcludeDispatchKeyGuard no_autocast(AutocastKey);
-  const FusedHeadGemmDtypeGuard gemms(reduced_autocast_dtype(Device));
+  const FusedHeadGemmDtypeGuard gemms(
+      fused_head_autocast_gemm_dtype(Device, reduced_autocast_dtype(Device)));
   return parallel_linear_margin_cross_entropy(
       to_float32(input), weight_to_float32(weight), target, scale, m1, m2, m3, easy_margin,
       ignore_index, label_smoothing, reduction, sampled_classes, chunk_size, group, num_classes);
