@@ -10,7 +10,7 @@ from tests.distributed.harness import LaunchCache, expected_requests
 # reduced dtype on every CPU, so that the reduced-precision path is what the autocast tests check
 # whatever machine runs them (the ranks it starts inherit it); test_autocast_gemm_choice.py checks
 # the automatic choice itself.
-os.environ.setdefault("SHARDTORCH_CPU_AUTOCAST_GEMMS", "reduced")
+os.environ["SHARDTORCH_CPU_AUTOCAST_GEMMS"] = "reduced"
 
 
 @pytest.fixture(scope="session")
