@@ -1,7 +1,10 @@
 #include "comm/process_group_communicator.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <string>
 
 namespace shardtorch {
 namespace comm {
@@ -16,6 +19,11 @@ class ProcessGroupHandle final : public CommHandle {
 
   void wait() override {
     if (!work_) return;
+    // What the caller spends blocked here (the collective and the wait for
+    // the slowest rank to reach it) shows in torch.profiler as
+    // "shard::wait <collective>"; the backend's own events time its thread.
+    RECORD_FUNCTION(std::string("shard::wait ") + collective_,
+                    std::vector<c10::IValue>({c10::IValue(group_)}));
     try {
       work_->wait();
     } catch (const std::exception& e) {

@@ -257,3 +257,28 @@ def case_fused_gradients_in_forward_by_blocks_and_recomputed():
         assert_close(xs.grad, xr.grad, torch.float64, "fused grad input " + what)
         assert_close(Ws.grad, shard_of(Wr.grad, 0), torch.float64, "fused grad weight " + what)
         assert_close(bs.grad, shard_of(br.grad, 0), torch.float64, "fused grad bias " + what)
+
+
+def case_profiler_shows_the_time_each_collective_waited():
+    """Under torch.profiler the fused loss's collectives show what the caller
+    spent blocked in them, by name: the statistics' all-gather in forward and
+    the input gradient's all-reduce (gradients in forward), as
+    "shard::wait all_gather" and "shard::wait all_reduce" (Gloo's own events
+    time its thread, not the wait). The loss is still the reference's."""
+    from torch.profiler import ProfilerActivity, profile
+
+    g = torch.Generator().manual_seed(7)
+    rows, classes = 8, 6 * _size()
+    x = torch.randn(rows, 5, dtype=torch.float64, generator=g)
+    W = torch.randn(classes, 5, dtype=torch.float64, generator=g)
+    target = torch.randint(0, classes, (rows,), generator=g)
+    xs = x.clone().requires_grad_()
+    Ws = shard_of(W, 0).clone().requires_grad_()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        loss = F_TS.parallel_linear_cross_entropy(xs, Ws, None, target)
+        loss.backward()
+    counts = {e.key: e.count for e in prof.key_averages()}
+    for name in ("shard::wait all_gather", "shard::wait all_reduce"):
+        assert counts.get(name, 0) >= 1, f"no {name!r} event among {sorted(counts)}"
+    ref = nn.functional.cross_entropy(x @ W.T, target)
+    assert_close(loss, ref, torch.float64, "loss under the profiler")
