@@ -15,11 +15,13 @@ is the same as without fully_shard; loading cuts them back. Tools that read DCP
 checkpoints work on them, e.g.
 ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save(path, "m.pt")``
 writes the unsharded model's state dict.
+
+torch.distributed.checkpoint is imported at first use, not with shardtorch:
+it imports torch.distributed.tensor, half a second (utils/fsdp_detection.py).
 """
 from typing import Optional
 
 import torch
-import torch.distributed.checkpoint as dcp
 
 from .dtensor_entries import in_model_form, whole_shard
 from .layout import model_layout
@@ -52,6 +54,8 @@ def save_dcp(model: torch.nn.Module, checkpoint_id: str, state_dict: Optional[di
     wrapped = dcp_state_dict(model, state_dict)
     if optimizer is not None:
         wrapped.update(dcp_optimizer_entries(model, optimizer, model_layout(model)))
+    import torch.distributed.checkpoint as dcp  # at first use (module doc)
+
     dcp.save(wrapped, checkpoint_id=checkpoint_id)
 
 
@@ -66,6 +70,8 @@ def load_dcp(model: torch.nn.Module, checkpoint_id: str,
     optimizer_state = None
     if optimizer is not None:
         optimizer_state = load_dcp_optimizer_state_dict(model, optimizer, checkpoint_id)
+    import torch.distributed.checkpoint as dcp  # at first use (module doc)
+
     dcp.load(wrapped, checkpoint_id=checkpoint_id)
     # Also the entries DCP replaced rather than filled in place; cut back into
     # DTensors under fully_shard.

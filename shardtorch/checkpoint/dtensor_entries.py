@@ -21,7 +21,8 @@ mix different shards, and no checkpoint of it can be right, so
 from typing import List, Optional, Tuple
 
 import torch
-from torch.distributed.tensor import DTensor, distribute_tensor
+
+from ..utils.fsdp_detection import is_dtensor
 
 #: (mesh, placements) of a DTensor entry.
 Spec = Tuple[object, tuple]
@@ -29,7 +30,7 @@ Spec = Tuple[object, tuple]
 
 def dtensor_spec(value) -> Optional[Spec]:
     """(mesh, placements) when ``value`` is a DTensor (an entry under fully_shard), else None."""
-    if isinstance(value, DTensor):
+    if is_dtensor(value):
         return value.device_mesh, tuple(value.placements)
     return None
 
@@ -37,7 +38,7 @@ def dtensor_spec(value) -> Optional[Spec]:
 def whole_shard(value):
     """The tensor this rank would hold without fully_shard (``value`` itself
     when it is not a DTensor). Collective over the DTensor's mesh."""
-    if isinstance(value, DTensor):
+    if is_dtensor(value):
         return value.detach().full_tensor()
     return value
 
@@ -48,6 +49,9 @@ def in_model_form(tensor: torch.Tensor, spec: Optional[Spec]):
     DTensor placed as ``spec`` says (no communication)."""
     if spec is None or not torch.is_tensor(tensor):
         return tensor
+    # A spec comes from a DTensor: its module is loaded already.
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
     mesh, placements = spec
     result = distribute_tensor(tensor, mesh, placements, src_data_rank=None)
     local = result.to_local()

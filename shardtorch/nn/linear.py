@@ -4,10 +4,10 @@ from typing import Optional
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from .. import _C
 from ..distributed import state
+from ..utils.fsdp_detection import is_dtensor
 from ..utils.parallel_dim import is_sharded_on_last_dim, register_parallel_dim, set_attribute
 from ..utils.shard_facts import register_shard
 from ..utils.shards import shard_range
@@ -120,7 +120,7 @@ class ParallelLinear(nn.Module):
         forward methods (fully_shard's register_fsdp_forward_method) gather its
         parameters for it and reduce their gradients as for forward."""
         from . import functional as TF
-        if isinstance(self.weight, DTensor):
+        if is_dtensor(self.weight):
             raise RuntimeError(
                 "ParallelLinear.linear_cross_entropy: the weight is a DTensor (fully_shard's sharded form), so "
                 "its parameters were not gathered: fully_shard gathers them only around the forward methods it "

@@ -10,11 +10,10 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor
 
 from .. import _C
 from ..distributed import state
+from ..utils.fsdp_detection import is_dtensor, is_fsdp_module
 from ..utils.parallel_dim import set_attribute
 from ..utils.shard_facts import register_shard
 from ..utils.shards import shard_range
@@ -124,7 +123,7 @@ class ParallelMarginLoss(nn.Module):
     def _check_not_fully_sharded(self) -> None:
         # Every rank has the same sample_rate and wrapping, so every rank
         # raises here, before any collective.
-        if isinstance(self, FSDPModule) or isinstance(self.weight, DTensor):
+        if is_fsdp_module(self) or is_dtensor(self.weight):
             raise RuntimeError(
                 f"ParallelMarginLoss: class sampling (sample_rate={self.sample_rate}) cannot train under "
                 f"fully_shard (FSDP2): its weight gradient is row-sparse (the kept classes' rows only, so that "

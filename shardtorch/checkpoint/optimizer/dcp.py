@@ -7,7 +7,6 @@ import io
 from typing import Dict
 
 import torch
-import torch.distributed.checkpoint as dcp
 
 from ..layout import EntryLayout
 from ..sharded_tensor import as_sharded_tensor
@@ -37,6 +36,8 @@ def load_dcp_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim
     """This rank's optimizer state dict from a DCP checkpoint that save_dcp
     wrote with ``optimizer=``, at any size: every rank reads the meta, rank
     0's verdict on it decides for all, then DCP fills each rank's slices."""
+    import torch.distributed.checkpoint as dcp  # at first use (checkpoint/dcp.py's doc)
+
     what = "load_dcp"
     box = {DCP_META_KEY: None}
     metadata = dcp.FileSystemReader(checkpoint_id).read_metadata()

@@ -16,8 +16,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import fully_shard as torch_fully_shard
-from torch.distributed.fsdp import register_fsdp_forward_method
 
 from ...distributed import state
 from ...utils.fsdp_detection import fully_sharded_part
@@ -59,6 +57,10 @@ def fully_shard(model: nn.Module, mesh: Optional[DeviceMesh] = None, *, layout: 
         **fsdp_kwargs: passed to every fully_shard call (reshard_after_forward,
             mp_policy, offload_policy, ...), except ``mesh``.
     """
+    # Imported here, not with shardtorch: torch.distributed.fsdp imports DTensor (utils/fsdp_detection.py).
+    from torch.distributed.fsdp import fully_shard as torch_fully_shard
+    from torch.distributed.fsdp import register_fsdp_forward_method
+
     what = "ts.nn.parallel.fully_shard"
     if not isinstance(model, nn.Module):
         raise TypeError(f"{what}: model must be a torch.nn.Module, got {type(model).__name__}")
