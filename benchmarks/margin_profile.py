@@ -64,19 +64,15 @@ def profile_steps(args, world_size):
         loss.backward()
         opt.step()
         if world_size > 1:
-            dist.barrier()
+            dist.barrier()  # the step ends (and the next starts) when every rank's has
         return loss.item()
 
     step()
     times = []
     for _ in range(args.iters):
-        if world_size > 1:
-            dist.barrier()
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
-    if world_size > 1:
-        dist.barrier()
     with profile(activities=[ProfilerActivity.CPU], record_shapes=args.shapes) as prof:
         step()
     table = prof.key_averages(group_by_input_shape=args.shapes).table(sort_by="self_cpu_time_total",

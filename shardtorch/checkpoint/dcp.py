@@ -17,7 +17,7 @@ checkpoints work on them, e.g.
 writes the unsharded model's state dict.
 
 torch.distributed.checkpoint is imported at first use, not with shardtorch:
-it imports torch.distributed.tensor, half a second (utils/fsdp_detection.py).
+it imports torch.distributed.tensor (its cost: utils/fsdp_detection.py).
 """
 from typing import Optional
 

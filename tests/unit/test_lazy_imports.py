@@ -1,5 +1,5 @@
 """``import shardtorch`` leaves torch.distributed.tensor, torch.distributed.fsdp
-and torch.distributed.checkpoint unimported (half a second of every process's
+and torch.distributed.checkpoint unimported (0.7 s of every process's
 start: utils/fsdp_detection.py), and the DTensor / FSDPModule checks still
 find the classes once something has imported them."""
 import subprocess
