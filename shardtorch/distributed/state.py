@@ -18,7 +18,20 @@ TENSOR_PARALLEL = "tp"
 DATA_PARALLEL = "dp"
 WORLD = "world"
 
-DEFAULT_TIMEOUT = datetime.timedelta(seconds=int(os.environ.get("SHARDTORCH_TIMEOUT", "300")))
+
+
+def default_timeout() -> datetime.timedelta:
+    """300 s, or SHARDTORCH_TIMEOUT seconds: read when a group is made, not at import (as the C++
+    API's shardtorch::distributed::default_timeout does), so a value set after ``import shardtorch``
+    counts and a bad one fails init_process_group, not the import."""
+    value = os.environ.get("SHARDTORCH_TIMEOUT", "")
+    if not value:
+        return datetime.timedelta(seconds=300)
+    try:
+        return datetime.timedelta(seconds=int(value))
+    except ValueError:
+        raise ValueError(f"shardtorch.distributed: SHARDTORCH_TIMEOUT must be a number of seconds, "
+                         f"got {value!r}") from None
 
 
 @dataclass
@@ -103,7 +116,7 @@ def init_process_group(group_size: Optional[int] = None, backend: Optional[str] 
         raise ValueError(f"init_process_group: group_size must be a positive int, got {group_size!r}")
     if timeout is not None and not isinstance(timeout, datetime.timedelta):
         raise TypeError(f"init_process_group: timeout must be a datetime.timedelta, got {timeout!r}")
-    timeout = timeout or DEFAULT_TIMEOUT
+    timeout = timeout or default_timeout()
     owns = False
     if not dist.is_initialized():
         # Refuse a group size that cannot work before anything is created:

@@ -154,10 +154,10 @@ def test_groups_get_a_cpu_backend_when_the_default_has_none(config, expected):
 def test_new_groups_follow_the_default_backend(monkeypatch):
     from shardtorch.distributed import state
     monkeypatch.setattr(state.dist, "get_backend_config", lambda group=None: "cuda:nccl")
-    assert state._new_group_kwargs(state.DEFAULT_TIMEOUT) == {
-        "timeout": state.DEFAULT_TIMEOUT, "backend": "cpu:gloo,cuda:nccl"}
+    assert state._new_group_kwargs(state.default_timeout()) == {
+        "timeout": state.default_timeout(), "backend": "cpu:gloo,cuda:nccl"}
     monkeypatch.setattr(state.dist, "get_backend_config", lambda group=None: "cpu:gloo,cuda:gloo")
-    assert state._new_group_kwargs(state.DEFAULT_TIMEOUT) == {"timeout": state.DEFAULT_TIMEOUT}
+    assert state._new_group_kwargs(state.default_timeout()) == {"timeout": state.default_timeout()}
 
 
 @pytest.fixture
