@@ -3,7 +3,7 @@ import tempfile
 
 import pytest
 
-from tests.distributed.harness import LaunchCache, expected_requests
+from tests.distributed.harness import LaunchCache, case_durations_report, expected_requests
 
 # The fused heads run their CPU GEMMs under autocast in the autocast dtype only where the CPU
 # multiplies it in hardware (AMX, AVX512-BF16/FP16), float32 elsewhere. The suite asks for the
@@ -11,6 +11,21 @@ from tests.distributed.harness import LaunchCache, expected_requests
 # whatever machine runs them (the ranks it starts inherit it); test_autocast_gemm_choice.py checks
 # the automatic choice itself.
 os.environ["SHARDTORCH_CPU_AUTOCAST_GEMMS"] = "reduced"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--case-durations", type=int, default=None, metavar="N",
+                     help="after the run, list the harness's launches (seconds, start-up) and its N slowest "
+                          "multi-process cases (0: all); pytest's --durations sees only whole launches")
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    count = config.getoption("--case-durations")
+    lines = case_durations_report(count) if count is not None else []
+    if lines:
+        terminalreporter.section("launches and slowest cases")
+        for line in lines:
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session")

@@ -39,20 +39,27 @@ def rank_env(rank: int, world_size: int, port: int, env: Optional[dict] = None,
 
 def start_ranks(command: Iterable, world_size: int, env: Optional[dict] = None,
                 pythonpath: Optional[str] = REPO, capture: bool = True, cwd: str = REPO,
-                env_of_rank: Optional[Callable[[int], dict]] = None) -> List[subprocess.Popen]:
+                env_of_rank: Optional[Callable[[int], dict]] = None,
+                spawn: Optional[Callable] = None) -> list:
     """Starts ``command`` once per rank; ``env_of_rank(rank)`` adds variables
     of one rank (e.g. where it writes its result). ``capture``: stdout and
-    stderr together, as text, for wait_ranks; else they go to this process's."""
+    stderr together, as text, for wait_ranks; else they go to this process's.
+    ``spawn(command, env, cwd, capture)``: another way to start a rank
+    (tests/fork_server.py's fork servers), returning a Popen-like object, or None
+    for a plain subprocess.Popen."""
     port = free_port()
     command = [str(part) for part in command]
     procs = []
     for rank in range(world_size):
         extra = dict(env or {})
         extra.update(env_of_rank(rank) if env_of_rank else {})
-        out = subprocess.PIPE if capture else None
-        procs.append(subprocess.Popen(command, env=rank_env(rank, world_size, port, extra, pythonpath),
-                                      cwd=cwd, stdout=out, stderr=subprocess.STDOUT if capture else None,
-                                      text=True))
+        environment = rank_env(rank, world_size, port, extra, pythonpath)
+        proc = spawn(command, environment, cwd, capture) if spawn is not None else None
+        if proc is None:
+            out = subprocess.PIPE if capture else None
+            proc = subprocess.Popen(command, env=environment, cwd=cwd, stdout=out,
+                                    stderr=subprocess.STDOUT if capture else None, text=True)
+        procs.append(proc)
     return procs
 
 

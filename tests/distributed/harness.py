@@ -4,7 +4,8 @@ of many case modules.
 A case module (tests/distributed/cases_*.py) defines functions ``case_*`` that
 run on every rank after ``shardtorch.distributed.init_process_group``. The
 launcher starts the ranks as separate Python processes with torchrun's
-environment variables (tests/launcher.py), runs every requested case of every
+environment variables (tests/launcher.py; forked from tests/fork_server.py's
+servers where the environment allows), runs every requested case of every
 requested module in each, and returns, per module and case, the error of any
 rank (None when every rank passed).
 
@@ -24,10 +25,12 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import pytest
 
+from tests import fork_server
 from tests.launcher import REPO, free_port, run_ranks  # noqa: F401  (free_port: for the tests' torchrun)
 
 # Every rank of every launch finds this pytest session's scratch folder here
@@ -37,6 +40,11 @@ _scratch: Optional[str] = None
 
 Results = Dict[str, Optional[str]]  # case -> None (every rank passed) or the first failing rank's error
 LaunchKey = Tuple[int, int, Tuple[Tuple[str, str], ...], bool]
+
+# What each launch of this process cost, for pytest's --case-durations (case_durations_report):
+# {"key", "what", "seconds" (the whole launch), "ready_after" (the slowest rank's start to its
+# first case), "cases" ({(module, case): the slowest rank's seconds})}.
+LAUNCH_TIMES: List[dict] = []
 
 
 def case_names(module) -> list:
@@ -85,11 +93,47 @@ def _launch_once(requests: Dict[str, List[str]], key: LaunchKey, timeout: float)
         command = [sys.executable, "-m", "tests.distributed.worker", json.dumps(sorted(requests.items())),
                    group_size, out_dir, "1" if init else "0"]
         ranks, timed_out = None, None
+        started = time.monotonic()
         try:
-            ranks = run_ranks(command, world_size, timeout, what=what, env=rank_env)
+            ranks = run_ranks(command, world_size, timeout, what=what, env=rank_env, spawn=fork_server.spawn)
         except RuntimeError as e:  # wait_ranks: a rank did not finish in time (all are killed)
             timed_out = str(e)
-        return ranks, timed_out, [_read_report(out_dir, rank) for rank in range(world_size)]
+        reports = [_read_report(out_dir, rank) for rank in range(world_size)]
+        _record_times(key, what, time.monotonic() - started, reports)
+        return ranks, timed_out, reports
+
+
+def _record_times(key: LaunchKey, what: str, seconds: float, reports: List[Optional[dict]]) -> None:
+    cases: Dict[Tuple[str, str], float] = {}
+    ready = [r["ready_after"] for r in reports if r and r.get("ready_after") is not None]
+    for report in reports:
+        for module, times in (report or {}).get("seconds", {}).items():
+            for case, took in times.items():
+                cases[(module, case)] = max(took, cases.get((module, case), 0.0))
+    LAUNCH_TIMES.append({"key": key, "what": what, "seconds": seconds,
+                         "ready_after": max(ready) if ready else None, "cases": cases})
+
+
+def case_durations_report(count: int) -> List[str]:
+    """Lines for the terminal summary: every launch (its key, seconds, start-up)
+    and the ``count`` slowest cases (0: all), slowest first."""
+    if not LAUNCH_TIMES:
+        return []
+    total = sum(launch["seconds"] for launch in LAUNCH_TIMES)
+    in_cases = sum(sum(launch["cases"].values()) for launch in LAUNCH_TIMES)
+    lines = [f"{len(LAUNCH_TIMES)} launches: {total:.1f} s, {in_cases:.1f} s of it in cases (the slowest rank's)"]
+    for launch in sorted(LAUNCH_TIMES, key=lambda launch: -launch["seconds"]):
+        world, group, env, init = launch["key"]
+        ready = "?" if launch["ready_after"] is None else f"{launch['ready_after']:.1f}"
+        lines.append(f"{launch['seconds']:7.2f}s  world {world} group {group}{' env ' + str(dict(env)) if env else ''}"
+                     f"{'' if init else ' no-init'}: {len(launch['cases'])} case{'' if len(launch['cases']) == 1 else 's'}, first after {ready} s"
+                     f" ({launch['what']})")
+    cases = sorted(((took, module, case, launch["key"]) for launch in LAUNCH_TIMES
+                    for (module, case), took in launch["cases"].items()), reverse=True)
+    lines.append(f"slowest cases{'' if count == 0 else f' ({min(count, len(cases))} of {len(cases)})'}:")
+    for took, module, case, (world, group, _, _) in (cases if count == 0 else cases[:count]):
+        lines.append(f"{took:7.2f}s  {module}.{case} [{world}x{group}]")
+    return lines
 
 
 def _merge(reports: List[Optional[dict]]) -> Dict[str, Results]:
@@ -191,7 +235,8 @@ def run_script(script: str, world_size: int, args=(), env: Optional[dict] = None
     """Runs a standalone script on ``world_size`` ranks (torchrun's variables)
     and returns [(returncode, output)] per rank, for tests where ranks are meant
     to die or disagree and the case-runner's barriers cannot be used."""
-    return run_ranks([sys.executable, script, *args], world_size, timeout, what=script, env=env)
+    return run_ranks([sys.executable, script, *args], world_size, timeout, what=script, env=env,
+                     spawn=fork_server.spawn)
 
 
 # (module, world size, group size, cases or None, env, init): what one test reads.

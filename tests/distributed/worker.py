@@ -12,6 +12,8 @@ import sys
 import time
 import traceback
 
+_STARTED = time.monotonic()  # before torch's imports: a launch's start-up is counted from here
+
 
 def _write(path: str, report: dict) -> None:
     # Replace, never truncate in place: a crash mid-write must leave the last report whole.
@@ -66,7 +68,9 @@ def main() -> None:
     path = os.path.join(out_dir, f"rank{rank}.json")
     # results: {module: {case: None or error}}; running: [module, case] or None.
     # First, with the pid, so that a rank dying in its imports is seen as gone by its peers.
-    report = {"results": {}, "running": None, "pid": os.getpid()}
+    # seconds: {module: {case: seconds}} and ready_after (start to the first case), for
+    # pytest's --case-durations (harness.case_durations_report).
+    report = {"results": {}, "running": None, "pid": os.getpid(), "seconds": {}, "ready_after": None}
     _write(path, report)
     import torch.distributed as dist
 
@@ -97,14 +101,19 @@ def main() -> None:
             for _ in cases:
                 after_case()
             continue
+        seconds = report["seconds"].setdefault(module_name, {})
         for name in cases or sorted(n for n in dir(module) if n.startswith("case_")):
             report["running"] = [module_name, name]
             _write(path, report)
+            started = time.monotonic()
+            if report["ready_after"] is None:
+                report["ready_after"] = started - _STARTED
             try:
                 getattr(module, name)()
                 results[name] = None
             except Exception:  # noqa: BLE001 - every failure is reported to pytest
                 results[name] = traceback.format_exc()[-4000:]
+            seconds[name] = time.monotonic() - started
             _write(path, report)
             after_case()
             report["running"] = None

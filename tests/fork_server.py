@@ -1,0 +1,331 @@
+"""Fork servers for the test ranks: start-up without the imports.
+
+Most of what a rank costs on CI's 2 cores is importing: torch (about 2 s), torch._dynamo (1.6 s:
+DDP's constructor and torch.compile import it) and transformers (1.2 s, the parallelize cases),
+paid by every rank of every launch, four at a time on a 4-rank launch. A server here imports
+them once and forks each rank from that state: a real process of its own (its own memory, its
+own Gloo sockets, its own exit code and output), run as ``python -m MODULE ARGS`` or ``python
+SCRIPT ARGS`` would run it, with those modules already loaded.
+
+What a fresh interpreter would do differently is kept out:
+- Rank r of every launch forks from server r, and each server has its own hash seed: the ranks
+  of a launch iterate sets of strings in different orders, as fresh processes do (code that
+  issues collectives in such an order fails here as it would for users). ``random`` (and numpy's
+  global generator) are reseeded from the OS in each rank.
+- A rank's environment may differ from its server's only in RUNTIME_VARIABLES, which are read
+  when used, never at import; anything else (MALLOC_* read by glibc at start-up, PYTHONWARNINGS,
+  a variable a test set with monkeypatch) makes ``spawn`` return None and the caller start the
+  rank with exec as before.
+- ``SHARDTORCH_TEST_FORK=0`` turns the servers off (every rank by exec). torchrun's agents
+  (the elastic tests) and the C++ programs always start by exec.
+
+On the 2-core VM of benchmarks/RESULTS.md, tests/distributed and tests/compat took 494 s with
+every rank exec'd and 303 s with the servers (the same 423 tests).
+
+Protocol (a Unix socket per server): the client sends one JSON request and the write end of its
+output pipe (SCM_RIGHTS); the server forks a supervisor, which forks the rank, sends its pid,
+waits for it and sends its exit status (Popen's convention: -N for signal N). The server stays
+single-threaded, so forking from it is safe; it exits when its parent (pytest) does.
+Only the standard library at module level: the server imports what it preloads in main().
+"""
+import atexit
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List, Optional
+
+# Read when used (by shardtorch, the test harness, the case modules and scripts), never at import:
+# the only variables in which a forked rank's environment may differ from its server's.
+RUNTIME_VARIABLES = frozenset({
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+    "SHARDTORCH_TIMEOUT", "SHARDTORCH_TEST_SCRATCH", "SHARDTORCH_CKPT_DIR", "SHARDTORCH_OPTIM_STATE_DIR",
+    "SHARDTORCH_FSDP_HANDOFF", "SHARDTORCH_DEBUG", "SHARDTORCH_ON_COMM_FAILURE",
+    "BAD_SETUP_DONE_DIR", "PEER_FAILURE_DONE_FILE",  # tests/distributed/scripts' own
+    "PYTEST_CURRENT_TEST",  # pytest's name of the running test, different in each
+    "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR",  # set in this process by inductor's first use
+})
+PRELOAD = ("torch", "torch.distributed", "shardtorch", "torch._dynamo", "tests.distributed.worker")
+OPTIONAL_PRELOAD = ("transformers",)  # the "hf" extra; absent from the CPU-only smoke's venv
+
+
+def _enabled() -> bool:
+    return os.environ.get("SHARDTORCH_TEST_FORK", "1") != "0" and hasattr(os, "fork") and hasattr(socket, "send_fds")
+
+
+# ----------------------------------------------------------------------------- the client side
+
+class ForkedRank:
+    """The parts of subprocess.Popen that tests/launcher.py's wait_ranks uses, for a rank forked
+    by a server: communicate, poll, kill, wait, returncode, pid."""
+
+    def __init__(self, connection: socket.socket, output: Optional[int]):
+        self._connection, self._output = connection, output
+        self._buffer, self._chunks = b"", []
+        self.returncode: Optional[int] = None
+        self.pid = int(self._message(time.monotonic() + 120)["pid"])
+
+    def _message(self, deadline: Optional[float]) -> dict:
+        while b"\n" not in self._buffer:
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([self._connection], [], [], left)[0]:
+                    raise subprocess.TimeoutExpired("forked rank", 0)
+            data = self._connection.recv(4096)
+            if not data:
+                raise RuntimeError("the fork server's supervisor of a rank vanished")
+            self._buffer += data
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def _wait(self, deadline: Optional[float]) -> int:
+        if self.returncode is None:
+            self.returncode = int(self._message(deadline)["status"])
+            self._connection.close()
+        return self.returncode
+
+    def _read_output(self, deadline: Optional[float]) -> None:
+        while self._output is not None:
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([self._output], [], [], left)[0]:
+                    raise subprocess.TimeoutExpired("forked rank", 0)
+            data = os.read(self._output, 1 << 16)
+            if not data:
+                os.close(self._output)
+                self._output = None
+            else:
+                self._chunks.append(data)
+
+    def communicate(self, timeout: Optional[float] = None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._read_output(deadline)
+        self._wait(deadline)
+        text = b"".join(self._chunks).decode("utf-8", "replace").replace("\r\n", "\n")
+        return text, None
+
+    def poll(self) -> Optional[int]:
+        try:
+            return self._wait(time.monotonic())
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        return self._wait(None if timeout is None else time.monotonic() + timeout)
+
+
+class _Server:
+    def __init__(self, index: int, env: Dict[str, str], cwd: str):
+        self.path = os.path.join(tempfile.mkdtemp(prefix="shardtorch-fork-"), "socket")
+        server_env = dict(env)
+        server_env.pop("PYTHONHASHSEED", None)  # a seed of its own (see the module's docstring)
+        self.process = subprocess.Popen([sys.executable, "-m", "tests.fork_server", self.path], env=server_env,
+                                        cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True)
+        self.index, self.ready = index, None
+
+    def wait_ready(self) -> bool:
+        if self.ready is None:
+            line = self.process.stdout.readline()  # "ready", or its import error and then EOF
+            self.ready = line.strip() == "ready"
+            if not self.ready:
+                sys.stderr.write(f"tests/fork_server.py: server {self.index} did not start; ranks start by exec:\n"
+                                 f"{line}{self.process.stdout.read()[-2000:]}\n")
+        return self.ready
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        for remove, path in ((os.unlink, self.path), (os.rmdir, os.path.dirname(self.path))):
+            try:
+                remove(path)
+            except OSError:
+                pass
+
+
+_servers: Dict[int, _Server] = {}
+_session: Optional[tuple] = None  # (environment less RUNTIME_VARIABLES, directory) of every server
+
+
+def _base(env: Dict[str, str]) -> Dict[str, str]:
+    return {k: v for k, v in env.items() if k not in RUNTIME_VARIABLES}
+
+
+def _command_target(command: List[str]) -> Optional[dict]:
+    if len(command) < 2 or command[0] != sys.executable:
+        return None
+    if command[1] == "-m" and len(command) >= 3:
+        return {"module": command[2], "argv": [command[2], *command[3:]]}
+    if command[1].endswith(".py") and os.path.isfile(command[1]):
+        return {"script": os.path.abspath(command[1]), "argv": command[1:]}
+    return None
+
+
+def spawn(command: List[str], env: Dict[str, str], cwd: str, capture: bool) -> Optional[ForkedRank]:
+    """A ForkedRank running ``command`` (``[sys.executable, "-m", module, ...]`` or
+    ``[sys.executable, script.py, ...]``) as rank ``env["RANK"]``, or None when it must start by
+    exec: servers off, another command, or an environment that differs from the servers' in more
+    than RUNTIME_VARIABLES. The servers' environment is a plain rank's (tests/launcher.py's
+    rank_env, no extra variables) in this process's environment when the first rank is spawned."""
+    global _session
+    if not _enabled() or "RANK" not in env:
+        return None
+    target = _command_target([str(part) for part in command])
+    if target is None:
+        return None
+    if _session is None:
+        from tests.launcher import REPO, rank_env
+        _session = (_base(rank_env(0, 1, 0)), REPO)
+    if (_base(env), os.path.abspath(cwd)) != _session:
+        return None
+    index = int(env["RANK"])
+    # Every rank of this launch needs its server: start the missing ones together, not one by one.
+    for other in range(max(index + 1, int(env.get("WORLD_SIZE", "1")))):
+        if other not in _servers:
+            _servers[other] = _Server(other, *_session)
+    server = _servers[index]
+    if not server.wait_ready():
+        return None
+    read, write = os.pipe() if capture else (None, None)
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        connection.connect(server.path)
+        fds = [write] if capture else [sys.stdout.fileno(), sys.stderr.fileno()]
+        socket.send_fds(connection, [json.dumps(dict(target, env=env, cwd=cwd)).encode() + b"\n"], fds)
+        rank = ForkedRank(connection, read)
+    except (OSError, RuntimeError, subprocess.TimeoutExpired) as error:
+        connection.close()
+        if read is not None:
+            os.close(read)
+        sys.stderr.write(f"tests/fork_server.py: server {index} failed ({error!r}); ranks start by exec\n")
+        server.ready = False
+        return None
+    finally:
+        if write is not None:
+            os.close(write)
+    return rank
+
+
+@atexit.register
+def _close_servers() -> None:
+    for server in _servers.values():
+        server.close()
+
+
+# ----------------------------------------------------------------------------- the server side
+
+def _child(request: dict, fds: List[int]) -> None:
+    """In the forked rank: its descriptors, directory, environment, argv and path, as exec would
+    have set them; returns to main(), which runs the target."""
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    out, err = (fds[0], fds[0]) if len(fds) == 1 else fds
+    os.dup2(out, 1)
+    os.dup2(err, 2)
+    for fd in set(fds):
+        if fd > 2:
+            os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.argv = list(request["argv"])
+    if "script" in request:  # python SCRIPT puts the script's folder first on the path, -m the directory
+        sys.path[0] = os.path.dirname(request["script"])
+    else:
+        sys.path[0] = os.getcwd()
+    import random
+    random.seed()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+
+
+def _serve(path: str) -> dict:
+    """Accepts requests until the parent exits; returns (in the forked rank only) its request."""
+    parent = os.getppid()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # supervisors are reaped by the kernel
+    print("ready", flush=True)
+    # Nothing more to say: a full pipe nobody reads must never stall the server.
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    os.close(null)
+    while True:
+        if not select.select([listener], [], [], 1.0)[0]:
+            if os.getppid() != parent:
+                sys.exit(0)
+            continue
+        connection, _ = listener.accept()
+        data, fds, _, _ = socket.recv_fds(connection, 1 << 20, 2)
+        while not data.endswith(b"\n"):
+            more = connection.recv(1 << 20)
+            if not more:
+                break
+            data += more
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if os.fork() != 0:  # the server: on to the next request
+            connection.close()
+            for fd in fds:
+                os.close(fd)
+            continue
+        # The supervisor: forks the rank, reports its pid and exit status, exits.
+        listener.close()
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        request = json.loads(data)
+        rank = os.fork()
+        if rank == 0:
+            connection.close()
+            _child(request, fds)
+            return request
+        for fd in fds:
+            os.close(fd)
+        try:
+            connection.sendall(json.dumps({"pid": rank}).encode() + b"\n")
+        except OSError:
+            pass
+        _, status = os.waitpid(rank, 0)
+        try:
+            connection.sendall(json.dumps({"status": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
+        finally:
+            os._exit(0)
+
+
+def main() -> None:
+    import importlib
+    for name in PRELOAD:
+        importlib.import_module(name)
+    for name in OPTIONAL_PRELOAD:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+    import gc
+    gc.freeze()  # the preloaded objects: never scanned by a rank's collector, so their pages stay shared
+    request = _serve(sys.argv[1])
+    import runpy
+    if "script" in request:
+        runpy.run_path(request["script"], run_name="__main__")
+    else:
+        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()
