@@ -11,7 +11,8 @@ What a fresh interpreter would do differently is kept out:
 - Rank r of every launch forks from server r, and each server has its own hash seed: the ranks
   of a launch iterate sets of strings in different orders, as fresh processes do (code that
   issues collectives in such an order fails here as it would for users). ``random`` (and numpy's
-  global generator) are reseeded from the OS in each rank.
+  global generator) are reseeded from the OS in each rank. With PYTHONHASHSEED set (the ranks
+  would share it) every rank starts by exec.
 - A rank's environment may differ from its server's only in RUNTIME_VARIABLES, which are read
   when used, never at import; anything else (MALLOC_* read by glibc at start-up, PYTHONWARNINGS,
   a variable a test set with monkeypatch) makes ``spawn`` return None and the caller start the
@@ -24,7 +25,9 @@ every rank exec'd and 303 s with the servers (the same 423 tests).
 
 Protocol (a Unix socket per server): the client sends one JSON request and the write end of its
 output pipe (SCM_RIGHTS); the server forks a supervisor, which forks the rank, sends its pid,
-waits for it and sends its exit status (Popen's convention: -N for signal N). The server stays
+waits for it and sends its exit status (Popen's convention: -N for signal N). The supervisor
+kills the rank when the client asks or goes away, before reaping it, so a kill cannot reach a
+process that reused the pid and no rank outlives its test. The server stays
 single-threaded, so forking from it is safe; it exits when its parent (pytest) does.
 Only the standard library at module level: the server imports what it preloads in main().
 """
@@ -50,7 +53,8 @@ RUNTIME_VARIABLES = frozenset({
     "PYTEST_CURRENT_TEST",  # pytest's name of the running test, different in each
     "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR",  # set in this process by inductor's first use
 })
-PRELOAD = ("torch", "torch.distributed", "shardtorch", "torch._dynamo", "tests.distributed.worker")
+# (Not the modules the ranks run: runpy warns when its target is imported already.)
+PRELOAD = ("torch", "torch.distributed", "shardtorch", "torch._dynamo")
 OPTIONAL_PRELOAD = ("transformers",)  # the "hf" extra; absent from the CPU-only smoke's venv
 
 
@@ -60,54 +64,70 @@ def _enabled() -> bool:
 
 # ----------------------------------------------------------------------------- the client side
 
+def _readable(fd: int, deadline: Optional[float]) -> bool:
+    """Whether ``fd`` has data (or EOF) before ``deadline`` (None: wait for it)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+    left = None if deadline is None else max(0.0, deadline - time.monotonic())
+    return bool(poller.poll(None if left is None else int(left * 1000)))
+
+
 class ForkedRank:
     """The parts of subprocess.Popen that tests/launcher.py's wait_ranks uses, for a rank forked
-    by a server: communicate, poll, kill, wait, returncode, pid."""
+    by a server: communicate, poll, kill, wait, returncode, pid. The rank's supervisor holds it
+    unreaped until it has sent its status, and kills it when asked or when this end closes, so
+    a kill never reaches another process that reused the pid."""
 
     def __init__(self, connection: socket.socket, output: Optional[int]):
-        self._connection, self._output = connection, output
+        self._connection, self._output, self._captured = connection, output, output is not None
         self._buffer, self._chunks = b"", []
         self.returncode: Optional[int] = None
         self.pid = int(self._message(time.monotonic() + 120)["pid"])
 
     def _message(self, deadline: Optional[float]) -> dict:
         while b"\n" not in self._buffer:
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0 or not select.select([self._connection], [], [], left)[0]:
-                    raise subprocess.TimeoutExpired("forked rank", 0)
+            if not _readable(self._connection.fileno(), deadline):
+                raise subprocess.TimeoutExpired("forked rank", 0)
             data = self._connection.recv(4096)
             if not data:
-                raise RuntimeError("the fork server's supervisor of a rank vanished")
+                raise EOFError("the fork server's supervisor of this rank vanished")
             self._buffer += data
         line, self._buffer = self._buffer.split(b"\n", 1)
         return json.loads(line)
 
     def _wait(self, deadline: Optional[float]) -> int:
         if self.returncode is None:
-            self.returncode = int(self._message(deadline)["status"])
+            try:
+                self.returncode = int(self._message(deadline)["status"])
+            except EOFError as error:  # no status will come: say so, never raise in cleanup
+                self.returncode = 1
+                self._chunks.append(f"\n[tests/fork_server.py: {error}; its exit status is unknown]\n".encode())
             self._connection.close()
         return self.returncode
 
     def _read_output(self, deadline: Optional[float]) -> None:
         while self._output is not None:
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0 or not select.select([self._output], [], [], left)[0]:
-                    raise subprocess.TimeoutExpired("forked rank", 0)
+            if not _readable(self._output, deadline):
+                raise subprocess.TimeoutExpired("forked rank", 0)
             data = os.read(self._output, 1 << 16)
-            if not data:
-                os.close(self._output)
-                self._output = None
-            else:
+            if data:
                 self._chunks.append(data)
+            else:
+                self._close_output()
+
+    def _close_output(self) -> None:
+        if self._output is not None:
+            os.close(self._output)
+            self._output = None
 
     def communicate(self, timeout: Optional[float] = None):
         deadline = None if timeout is None else time.monotonic() + timeout
         self._read_output(deadline)
         self._wait(deadline)
-        text = b"".join(self._chunks).decode("utf-8", "replace").replace("\r\n", "\n")
-        return text, None
+        if not self._captured:
+            return None, None
+        text = b"".join(self._chunks).decode("utf-8", "replace")
+        return text.replace("\r\n", "\n").replace("\r", "\n"), None
 
     def poll(self) -> Optional[int]:
         try:
@@ -118,31 +138,40 @@ class ForkedRank:
     def kill(self) -> None:
         if self.returncode is None:
             try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
+                self._connection.sendall(b"kill\n")
+            except OSError:
                 pass
 
     def wait(self, timeout: Optional[float] = None) -> int:
-        return self._wait(None if timeout is None else time.monotonic() + timeout)
+        code = self._wait(None if timeout is None else time.monotonic() + timeout)
+        self._close_output()
+        return code
 
 
 class _Server:
     def __init__(self, index: int, env: Dict[str, str], cwd: str):
         self.path = os.path.join(tempfile.mkdtemp(prefix="shardtorch-fork-"), "socket")
-        server_env = dict(env)
-        server_env.pop("PYTHONHASHSEED", None)  # a seed of its own (see the module's docstring)
-        self.process = subprocess.Popen([sys.executable, "-m", "tests.fork_server", self.path], env=server_env,
+        self.process = subprocess.Popen([sys.executable, "-m", "tests.fork_server", self.path], env=env,
                                         cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, text=True)
+                                        stderr=subprocess.STDOUT)
         self.index, self.ready = index, None
 
-    def wait_ready(self) -> bool:
+    def wait_ready(self, timeout: float = 300) -> bool:
+        """Whether the server imported everything and listens; the lines it printed before (an
+        import's warnings) are skipped, an error or a silence of ``timeout`` seconds means no."""
         if self.ready is None:
-            line = self.process.stdout.readline()  # "ready", or its import error and then EOF
-            self.ready = line.strip() == "ready"
-            if not self.ready:
-                sys.stderr.write(f"tests/fork_server.py: server {self.index} did not start; ranks start by exec:\n"
-                                 f"{line}{self.process.stdout.read()[-2000:]}\n")
+            deadline, said = time.monotonic() + timeout, b""
+            fd = self.process.stdout.fileno()
+            while self.ready is None:
+                data = os.read(fd, 1 << 16) if _readable(fd, deadline) else None
+                said += data or b""
+                if b"\nready\n" in b"\n" + said:
+                    self.ready = True
+                elif not data:  # EOF (it died) or the deadline
+                    self.ready = False
+                    self.close()
+                    sys.stderr.write(f"tests/fork_server.py: server {self.index} did not start; ranks start "
+                                     f"by exec:\n{said[-2000:].decode('utf-8', 'replace')}\n")
         return self.ready
 
     def close(self) -> None:
@@ -177,11 +206,12 @@ def _command_target(command: List[str]) -> Optional[dict]:
 def spawn(command: List[str], env: Dict[str, str], cwd: str, capture: bool) -> Optional[ForkedRank]:
     """A ForkedRank running ``command`` (``[sys.executable, "-m", module, ...]`` or
     ``[sys.executable, script.py, ...]``) as rank ``env["RANK"]``, or None when it must start by
-    exec: servers off, another command, or an environment that differs from the servers' in more
-    than RUNTIME_VARIABLES. The servers' environment is a plain rank's (tests/launcher.py's
-    rank_env, no extra variables) in this process's environment when the first rank is spawned."""
+    exec: servers off, another command, PYTHONHASHSEED set (the ranks would not share it), or an
+    environment that differs from the servers' in more than RUNTIME_VARIABLES. The servers'
+    environment is a plain rank's (tests/launcher.py's rank_env, no extra variables) in this
+    process's environment when the first rank is spawned."""
     global _session
-    if not _enabled() or "RANK" not in env:
+    if not _enabled() or "RANK" not in env or "PYTHONHASHSEED" in env:
         return None
     target = _command_target([str(part) for part in command])
     if target is None:
@@ -189,25 +219,34 @@ def spawn(command: List[str], env: Dict[str, str], cwd: str, capture: bool) -> O
     if _session is None:
         from tests.launcher import REPO, rank_env
         _session = (_base(rank_env(0, 1, 0)), REPO)
-    if (_base(env), os.path.abspath(cwd)) != _session:
+    base = _base(env)
+    if (base, os.path.abspath(cwd)) != _session:
+        differ = sorted(k for k in set(base) | set(_session[0]) if base.get(k) != _session[0].get(k))
+        if tuple(differ) not in _told:  # once per set of variables: pytest shows it with a failure
+            _told.add(tuple(differ))
+            sys.stderr.write(f"tests/fork_server.py: ranks start by exec: their environment differs from the "
+                             f"fork servers' in {differ or ['the directory']}\n")
         return None
-    index = int(env["RANK"])
-    # Every rank of this launch needs its server: start the missing ones together, not one by one.
-    for other in range(max(index + 1, int(env.get("WORLD_SIZE", "1")))):
+    index, world = int(env["RANK"]), int(env.get("WORLD_SIZE", "1"))
+    # Every rank of the launch forks or none does, and all at once: start the missing servers
+    # together and wait for all, so no rank waits for a server's imports while its peers run.
+    for other in range(max(index + 1, world)):
         if other not in _servers:
             _servers[other] = _Server(other, *_session)
-    server = _servers[index]
-    if not server.wait_ready():
+    if not all(_servers[other].wait_ready() for other in range(max(index + 1, world))):
         return None
+    server = _servers[index]
     read, write = os.pipe() if capture else (None, None)
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         connection.connect(server.path)
         fds = [write] if capture else [sys.stdout.fileno(), sys.stderr.fileno()]
-        socket.send_fds(connection, [json.dumps(dict(target, env=env, cwd=cwd)).encode() + b"\n"], fds)
+        payload = json.dumps(dict(target, env=env, cwd=cwd)).encode() + b"\n"
+        sent = socket.send_fds(connection, [payload], fds)
+        connection.sendall(payload[sent:])
         rank = ForkedRank(connection, read)
-    except (OSError, RuntimeError, subprocess.TimeoutExpired) as error:
-        connection.close()
+    except (OSError, EOFError, subprocess.TimeoutExpired) as error:
+        connection.close()  # a rank forked late is killed by its supervisor when this closes
         if read is not None:
             os.close(read)
         sys.stderr.write(f"tests/fork_server.py: server {index} failed ({error!r}); ranks start by exec\n")
@@ -217,6 +256,9 @@ def spawn(command: List[str], env: Dict[str, str], cwd: str, capture: bool) -> O
         if write is not None:
             os.close(write)
     return rank
+
+
+_told: set = set()
 
 
 @atexit.register
@@ -272,24 +314,29 @@ def _serve(path: str) -> dict:
             if os.getppid() != parent:
                 sys.exit(0)
             continue
-        connection, _ = listener.accept()
-        data, fds, _, _ = socket.recv_fds(connection, 1 << 20, 2)
-        while not data.endswith(b"\n"):
-            more = connection.recv(1 << 20)
-            if not more:
-                break
-            data += more
-        sys.stdout.flush()
-        sys.stderr.flush()
-        if os.fork() != 0:  # the server: on to the next request
-            connection.close()
+        connection, fds = None, []
+        try:
+            connection, _ = listener.accept()
+            data, fds, _, _ = socket.recv_fds(connection, 1 << 20, 2)
+            while data and not data.endswith(b"\n"):
+                more = connection.recv(1 << 20)
+                if not more:
+                    break
+                data += more
+            request = json.loads(data)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            supervisor = os.fork()
+        except (OSError, ValueError):  # a client gone mid-request, or no fork now: the client execs
+            supervisor = -1
+        if supervisor != 0:  # the server: on to the next request
             for fd in fds:
                 os.close(fd)
+            if connection is not None:
+                connection.close()
             continue
-        # The supervisor: forks the rank, reports its pid and exit status, exits.
         listener.close()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        request = json.loads(data)
         rank = os.fork()
         if rank == 0:
             connection.close()
@@ -297,15 +344,38 @@ def _serve(path: str) -> dict:
             return request
         for fd in fds:
             os.close(fd)
+        _supervise(rank, connection)
+
+
+def _supervise(rank: int, connection: socket.socket) -> None:
+    """In the supervisor: sends the rank's pid, kills it when the client asks ("kill") or goes
+    away (pytest killed, a timeout), reaps it only then or when it exits by itself, sends its
+    exit status, exits. Until it is reaped its pid is its own, so the kill cannot miss."""
+    try:
         try:
             connection.sendall(json.dumps({"pid": rank}).encode() + b"\n")
         except OSError:
-            pass
-        _, status = os.waitpid(rank, 0)
+            os.kill(rank, signal.SIGKILL)
+        killed = False
+        while True:
+            done, status = os.waitpid(rank, os.WNOHANG)
+            if done:
+                break
+            if not killed and _readable(connection.fileno(), time.monotonic() + 0.05):
+                try:
+                    connection.recv(64)  # "kill", or EOF: the client will read no more either way
+                except OSError:
+                    pass
+                os.kill(rank, signal.SIGKILL)
+                killed = True
+            elif killed:
+                time.sleep(0.01)
         try:
             connection.sendall(json.dumps({"status": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
-        finally:
-            os._exit(0)
+        except OSError:
+            pass
+    finally:
+        os._exit(0)
 
 
 def main() -> None:

@@ -5,11 +5,13 @@ starts by exec."""
 import json
 import os
 import signal
+import sys
 
 import pytest
 
 from tests import fork_server
 from tests.distributed.harness import REPO, run_script
+from tests.launcher import run_ranks, start_ranks, wait_ranks
 
 SCRIPT = os.path.join(REPO, "tests", "distributed", "scripts", "report_start.py")
 
@@ -54,3 +56,25 @@ def test_a_variable_read_at_start_up_means_exec(monkeypatch):
     monkeypatch.setenv("SHARDTORCH_TEST_FORK", "0")
     (code, report), = _reports(run_script(SCRIPT, 1, ["5"]))
     assert not report["preloaded"] and code == 5 and report["argv"] == [SCRIPT, "5"]
+
+
+@pytest.mark.skipif(not fork_server._enabled(), reason="fork servers turned off (SHARDTORCH_TEST_FORK=0)")
+def test_a_module_run_with_dash_m_starts_as_exec_would_have():
+    module = "tests.distributed.scripts.report_start"
+    results = run_ranks([sys.executable, "-m", module, "4"], 2, 120, spawn=fork_server.spawn)
+    assert "RuntimeWarning" not in results[0][1], results[0][1]
+    for code, report in _reports(results):
+        assert report["preloaded"] and code == 4
+        assert report["argv"] == [SCRIPT, "4"] and report["name"] == "__main__" and report["path0"] == REPO
+
+
+@pytest.mark.skipif(not fork_server._enabled(), reason="fork servers turned off (SHARDTORCH_TEST_FORK=0)")
+def test_a_rank_past_its_timeout_is_killed():
+    procs = start_ranks([sys.executable, SCRIPT, "sleep"], 2, spawn=fork_server.spawn)
+    assert all(isinstance(proc, fork_server.ForkedRank) for proc in procs)
+    with pytest.raises(RuntimeError, match="did not finish within 2"):
+        wait_ranks(procs, 2, "sleepers")
+    assert [proc.returncode for proc in procs] == [-signal.SIGKILL] * 2
+    for proc in procs:  # reaped by its supervisor: no such process any more
+        with pytest.raises(ProcessLookupError):
+            os.kill(proc.pid, 0)

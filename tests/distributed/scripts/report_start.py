@@ -1,5 +1,5 @@
 """Prints, as one JSON line, how this rank was started (tests/distributed/test_fork_server.py),
-then exits with the code given as its argument, or kills itself with "kill"."""
+then exits with the code given as its argument, kills itself ("kill") or sleeps ("sleep")."""
 import sys
 
 PRELOADED = "torch" in sys.modules  # before any import of this script's: a forked rank has it
@@ -14,4 +14,7 @@ print(json.dumps({"preloaded": PRELOADED, "argv": sys.argv, "path0": sys.path[0]
 print("to stderr", file=sys.stderr, flush=True)
 if sys.argv[1] == "kill":
     os.kill(os.getpid(), signal.SIGKILL)
+if sys.argv[1] == "sleep":
+    import time
+    time.sleep(600)
 sys.exit(int(sys.argv[1]))
