@@ -187,6 +187,7 @@ class _Server:
 
 _servers: Dict[int, _Server] = {}
 _session: Optional[tuple] = None  # (environment less RUNTIME_VARIABLES, directory) of every server
+_told: set = set()  # the sets of differing variables already reported
 
 
 def _base(env: Dict[str, str]) -> Dict[str, str]:
@@ -213,7 +214,7 @@ def spawn(command: List[str], env: Dict[str, str], cwd: str, capture: bool) -> O
     global _session
     if not _enabled() or "RANK" not in env or "PYTHONHASHSEED" in env:
         return None
-    target = _command_target([str(part) for part in command])
+    target = _command_target(command)  # start_ranks made every part a str
     if target is None:
         return None
     if _session is None:
@@ -227,13 +228,14 @@ def spawn(command: List[str], env: Dict[str, str], cwd: str, capture: bool) -> O
             sys.stderr.write(f"tests/fork_server.py: ranks start by exec: their environment differs from the "
                              f"fork servers' in {differ or ['the directory']}\n")
         return None
-    index, world = int(env["RANK"]), int(env.get("WORLD_SIZE", "1"))
+    index = int(env["RANK"])
+    launch = range(max(index + 1, int(env.get("WORLD_SIZE", "1"))))
     # Every rank of the launch forks or none does, and all at once: start the missing servers
     # together and wait for all, so no rank waits for a server's imports while its peers run.
-    for other in range(max(index + 1, world)):
+    for other in launch:
         if other not in _servers:
             _servers[other] = _Server(other, *_session)
-    if not all(_servers[other].wait_ready() for other in range(max(index + 1, world))):
+    if not all(_servers[other].wait_ready() for other in launch):
         return None
     server = _servers[index]
     read, write = os.pipe() if capture else (None, None)
@@ -256,9 +258,6 @@ def spawn(command: List[str], env: Dict[str, str], cwd: str, capture: bool) -> O
         if write is not None:
             os.close(write)
     return rank
-
-
-_told: set = set()
 
 
 @atexit.register

@@ -19,7 +19,6 @@ DATA_PARALLEL = "dp"
 WORLD = "world"
 
 
-
 def default_timeout() -> datetime.timedelta:
     """300 s, or SHARDTORCH_TIMEOUT seconds: read when a group is made, not at import (as the C++
     API's shardtorch::distributed::default_timeout does), so a value set after ``import shardtorch``
