@@ -5,7 +5,9 @@ is checked in its own process against float64 references: the sampled margin
 head's gather of normalised rows and its projection of the weight gradient's
 rows (rows whose norms span twelve orders of magnitude, a row below eps and a
 zero row), float32 and float64, both of the head's paths, at 6 features and at
-67 (the vector loops and their tails) with more than 128 kept rows."""
+67 (the vector loops and their tails) with more than 128 kept rows; and the
+row-sparse SGD kernel (every setting, 37 and 512 columns) against SGD's formula
+in float64 and bit for bit against torch's fused SGD kernel."""
 import os
 import subprocess
 import sys
@@ -29,6 +31,14 @@ for path in ("in_forward", "by_chunks"):
         for large in (False, True):
             check("cpu", path, True, dtype, large)
             check("cpu", path, False, dtype, large)
+from tests.ops.test_row_sparse_sgd_op import SETTINGS, device_case
+from tests.ops.test_row_sparse_sgd_op import test_the_rows_given_get_the_bits_of_torchs_fused_sgd as same_bits
+for name in SETTINGS:
+    for dtype in (torch.float32, torch.float64):
+        for columns in (37, 512):
+            device_case("cpu", dtype, name, columns)
+        if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
+            same_bits(name, dtype)
 """
 
 

@@ -81,3 +81,36 @@ def test_bad_arguments_fail_by_name(rows, grad_shape, buffer, match):
     buf = torch.zeros(4, 3) if buffer else None
     with pytest.raises(RuntimeError, match="shard::_row_sparse_sgd_: .*" + match):
         OP(param, buf, torch.tensor(rows, dtype=torch.int64), torch.randn(grad_shape), 0.1, 0.9, 0.0, False)
+
+
+@pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"),
+                    reason="torch's fused SGD kernel fuses its multiply-adds only in its AVX2 / AVX-512 builds")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", list(SETTINGS))
+def test_the_rows_given_get_the_bits_of_torchs_fused_sgd(name, dtype):
+    """The kept rows end bit for bit where torch's fused SGD kernel (what RowSparseSGD runs on a dense
+    gradient) takes the same rows gathered: a row's result does not depend on whether the gradient was
+    dense or row-sparse. 512 columns: every element on torch's vector loop (its scalar tail rounds a
+    multiply-add differently)."""
+    lr, momentum, weight_decay, nesterov = SETTINGS[name]
+    g = torch.Generator().manual_seed(7)
+    param = torch.randn(300, 512, generator=g, dtype=dtype)
+    buf = torch.randn(300, 512, generator=g, dtype=dtype) if momentum else None
+    rows = torch.randperm(300, generator=g)[:40].sort().values
+    grad = torch.randn(40, 512, generator=g, dtype=dtype)
+    taken = param[rows].clone()
+    buffers = [buf[rows].clone()] if momentum else []
+    torch._fused_sgd_([taken], [grad.clone()], buffers, weight_decay=weight_decay, momentum=momentum, lr=lr,
+                      dampening=0.0, nesterov=nesterov, maximize=False, is_first_step=False)
+    OP(param, buf, rows, grad, lr, momentum, weight_decay, nesterov)
+    assert torch.equal(param[rows], taken)
+    if momentum:
+        assert torch.equal(buf[rows], buffers[0])
+
+
+def test_overlapping_tensors_are_refused():
+    param = torch.randn(4, 3)
+    with pytest.raises(RuntimeError, match="refer to a single memory location"):
+        OP(param, param, torch.tensor([0, 1]), torch.randn(2, 3), 0.1, 0.9, 0.0, False)
+    with pytest.raises(RuntimeError, match="refer to a single memory location"):
+        OP(param, torch.zeros(4, 3), torch.tensor([0, 1]), param[:2], 0.1, 0.9, 0.0, False)

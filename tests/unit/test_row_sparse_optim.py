@@ -71,12 +71,14 @@ def test_sgd_on_dense_gradients_is_torchs(name, impl, dtype):
     _assert_torchs(tensors, ours_fused == (impl == "fused"), dtype, 2)
 
 
-def _assert_torchs(pairs, bitwise, dtype, ulps):
+def _assert_torchs(pairs, bitwise, dtype, ulps, of_largest=False):
+    """Bitwise, or within `ulps` ulps of each value (of_largest: of the tensor's largest magnitude)."""
     for a, b in pairs:
         if bitwise:
             assert torch.equal(a, b), (a - b).abs().max()
         else:
-            ulp = torch.finfo(dtype).eps * b.detach().abs().clamp_min(torch.finfo(dtype).tiny)
+            size = b.detach().abs()
+            ulp = torch.finfo(dtype).eps * (size.max() if of_largest else size).clamp_min(torch.finfo(dtype).tiny)
             assert ((a - b).abs() <= ulps * ulp).all(), ((a - b).abs() / ulp).max()
 
 
@@ -84,13 +86,15 @@ def _assert_torchs(pairs, bitwise, dtype, ulps):
 @pytest.mark.parametrize("impl", list(SGD_IMPLEMENTATIONS))
 @pytest.mark.parametrize("name", list(ADAM_SETTINGS))
 def test_adam_on_dense_gradients_is_torchs(name, impl, dtype):
-    """Every row at one step: bitwise torch's fused Adam, which RowSparseAdam runs then; within 4 ulp
-    of torch's foreach and for-loop Adam (their passes round differently from the fused kernel)."""
+    """Every row at one step: bitwise torch's fused Adam, which RowSparseAdam runs then; within 4 ulps of
+    each tensor's largest value of torch's foreach and for-loop Adam (their passes round differently from
+    the fused kernel; a parameter value that the update cancels to near zero keeps its operands' rounding:
+    12 ulps of that small value, 0.22 of the tensor's largest, on a Zen 5 EPYC)."""
     mine, theirs, opt_mine, opt_theirs = _run_pair(ts.optim.RowSparseAdam, torch.optim.Adam, ADAM_SETTINGS[name],
                                                    dtype, **SGD_IMPLEMENTATIONS[impl])
     pairs = [(mine, theirs)] + [(opt_mine.state[mine][k], opt_theirs.state[theirs][k])
                                 for k in ("exp_avg", "exp_avg_sq")]
-    _assert_torchs(pairs, impl == "fused", dtype, 4)
+    _assert_torchs(pairs, impl == "fused", dtype, 4, of_largest=True)
     assert torch.equal(opt_mine.state[mine]["row_step"], torch.full((ROWS,), 4, dtype=torch.int64))
 
 
@@ -179,20 +183,26 @@ def test_row_sparse_updates_are_bitwise_torchs_on_each_row_as_its_own_parameter(
     # two steps. SGD: the same kernels on the kept rows. Adam: shard::_row_sparse_adam_, whose
     # element-by-element path (rows of 5 values are shorter than a vector) fuses lerp's multiply-add
     # as torch's kernels do (longer rows: test_row_sparse_adams_op_is_its_passes_within_two_ulps_...).
-    for opt_cls, torch_cls, settings in ((ts.optim.RowSparseSGD, torch.optim.SGD, SGD_SETTINGS["dampening"]),
-                                         (ts.optim.RowSparseAdam, torch.optim.Adam, ADAM_SETTINGS["weight decay"])):
+    # torch's for-loop and fused Adam themselves differ in the last bit of one of these 65 values on
+    # a Zen 5 EPYC (not on the Xeons): Adam's result must be one of theirs, bit for bit.
+    for opt_cls, torch_cls, settings, impls in (
+            (ts.optim.RowSparseSGD, torch.optim.SGD, SGD_SETTINGS["dampening"], [dict(foreach=False)]),
+            (ts.optim.RowSparseAdam, torch.optim.Adam, ADAM_SETTINGS["weight decay"],
+             [dict(foreach=False), dict(fused=True)])):
         start = torch.randn(ROWS, COLS, generator=torch.Generator().manual_seed(5), dtype=torch.float32)
         param = start.clone().requires_grad_()
         opt = opt_cls([param], **settings)
-        singles = [start[r].clone().requires_grad_() for r in range(ROWS)]
-        single_opts = [torch_cls([s], foreach=False, **settings) for s in singles]
+        singles = {i: [start[r].clone().requires_grad_() for r in range(ROWS)] for i in range(len(impls))}
+        single_opts = {i: [torch_cls([s], **impls[i], **settings) for s in singles[i]] for i in singles}
         for grad, kept in zip(_gradients(3, torch.float32), _kept_sets(4)[:3]):
             param.grad = _row_sparse_gradient(grad, kept)
             opt.step()
-            for r in kept.tolist():
-                singles[r].grad = grad[r].clone()
-                single_opts[r].step()
-        assert torch.equal(param.detach(), torch.stack([s.detach() for s in singles])), opt_cls.__name__
+            for i in singles:
+                for r in kept.tolist():
+                    singles[i][r].grad = grad[r].clone()
+                    single_opts[i][r].step()
+        references = [torch.stack([s.detach() for s in singles[i]]) for i in singles]
+        assert any(torch.equal(param.detach(), reference) for reference in references), opt_cls.__name__
 
 
 def test_uncoalesced_gradients_add_their_duplicate_rows():
