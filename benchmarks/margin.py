@@ -46,8 +46,11 @@ for a float32-output bfloat16 mm), since under autocast shardtorch's heads run
 their CPU GEMMs in bfloat16 only where the CPU has bfloat16 instructions (AMX,
 AVX512-BF16) and in float32 elsewhere, where the emulated bfloat16 GEMM is the
 slower (docs/cuda.md, Autocast; SHARDTORCH_CPU_AUTOCAST_GEMMS=reduced asks for
-bfloat16 anyway). Both are in the JSON. "step / floor" says how far a
-step is from that limit.
+bfloat16 anyway). Both are in the JSON. The float32 GEMMs run as the heads run
+theirs (torch.ops.shard._cpu_gemm_, csrc/ops/cpu/cpu_gemm.h: oneDNN where MKL's
+sgemm runs narrower than the CPU, e.g. AMD's AVX-512 EPYCs; ATen's mm
+elsewhere), so that the floor is the fastest float32 GEMM this build has here,
+not MKL's AVX2 kernels. "step / floor" says how far a step is from that limit.
 
 Optimizer alone: benchmarks/optimizer.py's measurement (RowSparseSGD.step
 against torch.optim.SGD(foreach=True), dense gradient and ``--kept`` of the
@@ -185,11 +188,14 @@ def _gemm_floor(batch, features, kept, bf16, iters):
     # Into outputs written before: the GEMMs alone, without the page faults of
     # fresh outputs (which a head can avoid: ops/scratch_buffer.h).
     logits, grad_x, grad_w = torch.mm(x, w.t()), torch.mm(grad, w), torch.mm(grad.t(), x)
+    # float32: the library the heads' GEMMs take (cpu_gemm.h); bfloat16: ATen's (oneDNN).
+    mm_out = (lambda out, a, b: torch.ops.shard._cpu_gemm_(out, a, b)) if not bf16 else \
+        (lambda out, a, b: torch.mm(a, b, out=out))
 
     def three():
-        torch.mm(x, w.t(), out=logits)
-        torch.mm(grad, w, out=grad_x)
-        torch.mm(grad.t(), x, out=grad_w)
+        mm_out(logits, x, w.t())
+        mm_out(grad_x, grad, w)
+        mm_out(grad_w, grad.t(), x)
     three()
     times = []
     for _ in range(iters):

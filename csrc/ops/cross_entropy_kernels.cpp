@@ -1,9 +1,11 @@
 // The ATen versions of the fused classifier's GEMMs (CPU; CUDA has its own,
-// cuBLASLt with float32 output for reduced-precision inputs).
+// cuBLASLt with float32 output for reduced-precision inputs). Float32 ones go
+// through cpu/cpu_gemm.h (oneDNN where MKL's sgemm runs narrower than the CPU).
 #include "ops/cross_entropy_kernels.h"
 
 #include <ATen/ATen.h>
 
+#include "ops/cpu/cpu_gemm.h"
 #include "ops/recycled_buffers.h"
 #include "ops/scratch_buffer.h"
 
@@ -19,8 +21,12 @@ at::Tensor CrossEntropyKernels::chunk_logits(const at::Tensor& x, const at::Tens
     // (scratch_buffer.h), the last calls' when free (recycled_buffers.h).
     static BufferSlot* const slot = new BufferSlot();
     at::Tensor logits = slot->take({x.size(0), w_chunk.size(0)}, x.options(), empty_scratch_buffer);
-    return bias_chunk.defined() ? at::addmm_out(logits, bias_chunk, x, w_chunk.t())
-                                : at::mm_out(logits, x, w_chunk.t());
+    if (bias_chunk.defined()) {
+      cpu_addmm_out(logits, bias_chunk, x, w_chunk.t());
+    } else {
+      cpu_mm_out(logits, x, w_chunk.t());
+    }
+    return logits;
   }
   at::Tensor logits =
       bias_chunk.defined() ? at::addmm(bias_chunk, x, w_chunk.t()) : at::mm(x, w_chunk.t());
@@ -30,7 +36,7 @@ at::Tensor CrossEntropyKernels::chunk_logits(const at::Tensor& x, const at::Tens
 void CrossEntropyKernels::add_product(at::Tensor& acc, const at::Tensor& a,
                                       const at::Tensor& b) const {
   if (acc.scalar_type() == a.scalar_type()) {
-    acc.addmm_(a, b);
+    cpu_addmm_(acc, a, b);
   } else {
     acc.add_(at::mm(a, b));
   }
@@ -39,7 +45,7 @@ void CrossEntropyKernels::add_product(at::Tensor& acc, const at::Tensor& a,
 void CrossEntropyKernels::write_product(at::Tensor& out, const at::Tensor& a,
                                         const at::Tensor& b) const {
   if (out.scalar_type() == a.scalar_type()) {
-    at::mm_out(out, a, b);
+    cpu_mm_out(out, a, b);
   } else {
     // No CPU GEMM returns float32 from float16/bfloat16 operands (it
     // accumulates in float32 inside and rounds its output): one rounding.

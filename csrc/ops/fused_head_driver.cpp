@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "comm/registry.h"
+#include "ops/cpu/cpu_gemm.h"
 #include "ops/probability_target.h"
 #include "ops/recycled_buffers.h"
 #include "ops/scratch_buffer.h"
@@ -160,9 +161,9 @@ class TileGradients {
         kernels_.add_product(rows_of_grad, grad.t(), x);
       }
     } else if (first_rows) {
-      at::mm_out(rows_of_grad, grad.t(), x);
+      cpu_mm_out(rows_of_grad, grad.t(), x);
     } else {
-      rows_of_grad.addmm_(grad.t(), x);
+      cpu_addmm_(rows_of_grad, grad.t(), x);
     }
   }
 

@@ -9,6 +9,7 @@
 
 #include "comm/registry.h"
 #include "comm/sharded_collectives.h"
+#include "ops/cpu/cpu_gemm.h"
 #include "ops/cpu/margin_rows_cpu.h"
 #include "ops/cross_entropy_statistics.h"
 #include "ops/recycled_buffers.h"
@@ -301,7 +302,7 @@ class MarginHead final : public FusedHead {
     if (!x.is_cpu()) {
       part.copy_(kernels_.chunk_logits(x, w_gemm, at::Tensor(), part.scalar_type()));
     } else if (w_gemm.scalar_type() == part.scalar_type()) {
-      at::mm_out(part, x, w_gemm.t());
+      cpu_mm_out(part, x, w_gemm.t());
     } else {
       part.copy_(at::mm(x, w_gemm.t()));
     }

@@ -1,7 +1,9 @@
-// parallel_linear on CPU: ATen's matrix products, Gloo for the collectives.
+// parallel_linear on CPU: ATen's matrix products (float32 ones through
+// cpu_gemm.h), Gloo for the collectives.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include "ops/cpu/cpu_gemm.h"
 #include "ops/parallel_linear_impl.h"
 #include "ops/parallel_linear_kernel_adapter.h"
 
@@ -13,13 +15,13 @@ class AtenLinearMath final : public LinearMath {
  public:
   at::Tensor forward(const at::Tensor& x, const at::Tensor& weight,
                      const at::Tensor& bias) const override {
-    return bias.defined() ? at::addmm(bias, x, weight.t()) : at::mm(x, weight.t());
+    return cpu_addmm(bias, x, weight.t());
   }
   at::Tensor grad_input(const at::Tensor& grad, const at::Tensor& weight) const override {
-    return at::mm(grad, weight);
+    return cpu_mm(grad, weight);
   }
   at::Tensor grad_weight(const at::Tensor& grad, const at::Tensor& x) const override {
-    return at::mm(grad.t(), x);
+    return cpu_mm(grad.t(), x);
   }
 };
 
