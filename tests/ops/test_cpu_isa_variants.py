@@ -7,7 +7,8 @@ rows (rows whose norms span twelve orders of magnitude, a row below eps and a
 zero row), float32 and float64, both of the head's paths, at 6 features and at
 67 (the vector loops and their tails) with more than 128 kept rows; and the
 row-sparse SGD kernel (every setting, 37 and 512 columns) against SGD's formula
-in float64 and bit for bit against torch's fused SGD kernel."""
+in float64 and bit for bit against torch's fused SGD kernel, and the row-sparse
+Adam kernel (rows at different steps) against Adam's formula in float64."""
 import os
 import subprocess
 import sys
@@ -39,6 +40,11 @@ for name in SETTINGS:
             device_case("cpu", dtype, name, columns)
         if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
             same_bits(name, dtype)
+from tests.ops.test_row_sparse_adam_op import SETTINGS as ADAM_SETTINGS, device_case as adam_case
+for name in ADAM_SETTINGS:
+    for dtype in (torch.float32, torch.float64):
+        for columns in (37, 512):
+            adam_case("cpu", dtype, name, columns)
 """
 
 

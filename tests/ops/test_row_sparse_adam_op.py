@@ -165,3 +165,10 @@ def test_meta_kernels_refuse_bad_shapes_by_name(op):
         args = _sgd_arguments("meta", columns=5)
         with pytest.raises(RuntimeError, match="shard::_row_sparse_sgd_: grad must be contiguous"):
             torch.ops.shard._row_sparse_sgd_(*args)
+
+
+def test_overlapping_tensors_are_refused():
+    args = _arguments()
+    args["exp_avg_sq"] = args["exp_avg"]
+    with pytest.raises(RuntimeError, match="refer to a single memory location"):
+        OP(**args, lr=0.1, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0)

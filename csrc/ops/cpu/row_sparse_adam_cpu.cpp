@@ -1,17 +1,17 @@
 // shard::_row_sparse_adam_ on CPU: each kept row updated in place in one pass
-// (no gathered copies of the rows, their moments or the update).
+// (no gathered copies of the rows, their moments or the update), vectorised
+// for the CPU's widest extension.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
-#include <ATen/cpu/vec/vec.h>
 #include <torch/library.h>
 
 #include <cmath>
-#if defined(__SSE2__)
-#include <immintrin.h>
-#endif
+#include <type_traits>
 
+#include "ops/cpu/vector_isa.h"
 #include "ops/row_sparse_checks.h"
 #include "ops/row_sparse_adam.h"
 
@@ -23,70 +23,35 @@ struct AdamSettings {
   double lr, beta1, beta2, eps, weight_decay;
 };
 
-// sqrt per lane. Where this file is compiled for baseline x86-64, Vectorized is
-// the generic one, whose sqrt calls std::sqrt per element (scalar, with errno
-// handling): about half the kernel's time. SSE2's sqrtps gives the same
-// correctly rounded values four at a time.
-template <typename scalar_t>
-at::vec::Vectorized<scalar_t> lane_sqrt(const at::vec::Vectorized<scalar_t>& x) {
-#if defined(__SSE2__) && !defined(CPU_CAPABILITY_AVX2) && !defined(CPU_CAPABILITY_AVX512)
-  using Vec = at::vec::Vectorized<scalar_t>;
-  if constexpr (std::is_same_v<scalar_t, float> && Vec::size() % 4 == 0) {
-    alignas(64) float lanes[Vec::size()];
-    x.store(lanes);
-    for (int k = 0; k < Vec::size(); k += 4) {
-      _mm_store_ps(lanes + k, _mm_sqrt_ps(_mm_load_ps(lanes + k)));
-    }
-    return Vec::loadu(lanes);
-  } else if constexpr (std::is_same_v<scalar_t, double> && Vec::size() % 2 == 0) {
-    alignas(64) double lanes[Vec::size()];
-    x.store(lanes);
-    for (int k = 0; k < Vec::size(); k += 2) {
-      _mm_store_pd(lanes + k, _mm_sqrt_pd(_mm_load_pd(lanes + k)));
-    }
-    return Vec::loadu(lanes);
-  }
-#endif
-  return x.sqrt();
+// Bias corrections in float64, as torch's Python floats: -lr / (1 - beta1^t)
+// and sqrt(1 - beta2^t).
+inline double neg_step_size_at(const AdamSettings& s, int64_t step) {
+  return (s.lr / (1 - std::pow(s.beta1, static_cast<double>(step)))) * -1;
+}
+inline double bias_correction2_sqrt_at(const AdamSettings& s, int64_t step) {
+  return std::sqrt(1 - std::pow(s.beta2, static_cast<double>(step)));
 }
 
-// One row of `columns` values at step `step` (already advanced). The same
-// roundings as torch.optim.Adam's single-tensor passes on their vectorised
-// paths: add(alpha) and lerp as a fused multiply-add, mul_ then addcmul_,
-// sqrt, div, add, addcdiv's (value * exp_avg) / denom. float16/bfloat16 in
-// float, rounded once per stored value.
+// lerp(a, b, w): a + w * (b - a) for a small weight, else b - (1 - w) * (b - a).
+template <typename T>
+bool small_lerp_weight(T weight) {
+  return std::abs(weight) < T(0.5);
+}
+
+// One float16/bfloat16 row at step `step` (already advanced), element by
+// element in float, rounded once per stored value; the roundings of
+// adam_rows below.
 template <typename scalar_t>
-void adam_update_row(scalar_t* p, scalar_t* m, scalar_t* v, const scalar_t* g, int64_t columns,
-                     int64_t step, const AdamSettings& s) {
+void adam_update_reduced_row(scalar_t* p, scalar_t* m, scalar_t* v, const scalar_t* g,
+                             int64_t columns, int64_t step, const AdamSettings& s) {
   using opmath_t = at::opmath_type<scalar_t>;
-  // Bias corrections in float64, as torch's Python floats, then in opmath.
-  const double t = static_cast<double>(step);
-  const opmath_t neg_step_size = static_cast<opmath_t>((s.lr / (1 - std::pow(s.beta1, t))) * -1);
-  const opmath_t bias_correction2_sqrt = static_cast<opmath_t>(std::sqrt(1 - std::pow(s.beta2, t)));
+  const opmath_t neg_step_size = neg_step_size_at(s, step);
+  const opmath_t bias_correction2_sqrt = bias_correction2_sqrt_at(s, step);
   const opmath_t wd = s.weight_decay, beta2 = s.beta2, one_minus_beta2 = 1 - s.beta2, eps = s.eps,
                  weight = 1 - s.beta1;
-  // lerp(a, b, w): a + w * (b - a) for a small weight, else b - (1 - w) * (b - a).
-  const bool small_weight = std::abs(weight) < opmath_t(0.5);
+  const bool small_weight = small_lerp_weight(weight);
   const opmath_t coeff = small_weight ? weight : weight - opmath_t(1);
-  int64_t j = 0;
-  if constexpr (std::is_same_v<scalar_t, opmath_t>) {
-    using Vec = at::vec::Vectorized<scalar_t>;
-    const Vec wd_v(wd), beta2_v(beta2), one_minus_beta2_v(one_minus_beta2), eps_v(eps),
-        coeff_v(coeff), neg_step_size_v(neg_step_size), bc2_v(bias_correction2_sqrt);
-    for (; j + Vec::size() <= columns; j += Vec::size()) {
-      const Vec pv = Vec::loadu(p + j);
-      Vec gv = Vec::loadu(g + j);
-      if (s.weight_decay != 0) gv = at::vec::fmadd(pv, wd_v, gv);
-      const Vec mv = Vec::loadu(m + j);
-      const Vec new_m = at::vec::fmadd(coeff_v, gv - mv, small_weight ? mv : gv);
-      new_m.store(m + j);
-      const Vec new_v = Vec::loadu(v + j) * beta2_v + one_minus_beta2_v * gv * gv;
-      new_v.store(v + j);
-      const Vec denom = lane_sqrt(new_v) / bc2_v + eps_v;
-      (pv + neg_step_size_v * new_m / denom).store(p + j);
-    }
-  }
-  for (; j < columns; ++j) {
+  for (int64_t j = 0; j < columns; ++j) {
     const opmath_t pv = static_cast<opmath_t>(p[j]);
     opmath_t gv = static_cast<opmath_t>(g[j]);
     if (s.weight_decay != 0) gv = std::fma(pv, wd, gv);
@@ -101,11 +66,96 @@ void adam_update_row(scalar_t* p, scalar_t* m, scalar_t* v, const scalar_t* g, i
   }
 }
 
+// The lines of one row, asked for ahead of their use.
+template <typename T>
+SHARDTORCH_INLINE_KERNEL void prefetch_adam_row(const T* row, int64_t columns) {
+  const char* bytes = reinterpret_cast<const char*>(row);
+  const int64_t size = columns * static_cast<int64_t>(sizeof(T));
+  for (int64_t b = 0; b < size; b += 64) __builtin_prefetch(bytes + b, 1, 3);
+}
+
+// float/double kept rows [begin, end) of r, each advanced one step and
+// updated in place in one loop the compiler vectorises (vector_isa.h: AVX-512
+// where the CPU has it), the next row's value and moments asked for while one
+// is updated (the rows are scattered: the hardware prefetchers would start
+// cold on each). The roundings of torch.optim.Adam's single-tensor passes on
+// their vectorised paths: add(alpha) and lerp as a fused multiply-add (written
+// out; the compiler may fuse nothing else), mul_ then addcmul_, sqrt, div,
+// add, addcdiv's (value * exp_avg) / denom. Decay: std::bool_constant.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+#endif
+// The builtins, not std::fma / std::sqrt: a library function compiled with
+// other optimisation options may stay a call, and a call per element keeps the
+// loop from vectorising (sqrt is one instruction under -fno-math-errno, which
+// CMakeLists.txt sets as torch's build does).
+template <typename T>
+SHARDTORCH_INLINE_KERNEL T fused_multiply_add(T a, T b, T c) {
+  if constexpr (std::is_same_v<T, float>) return __builtin_fmaf(a, b, c);
+  return __builtin_fma(a, b, c);
+}
+template <typename T>
+SHARDTORCH_INLINE_KERNEL T square_root(T x) {
+  if constexpr (std::is_same_v<T, float>) return __builtin_sqrtf(x);
+  return __builtin_sqrt(x);
+}
+
+template <typename T, typename Decay>
+SHARDTORCH_INLINE_KERNEL void adam_rows(T* p, T* m, T* v, const T* g, const int64_t* r,
+                                        int64_t* steps, int64_t begin, int64_t end, int64_t columns,
+                                        const AdamSettings* s, Decay) {
+  const T wd = s->weight_decay, beta2 = s->beta2, one_minus_beta2 = 1 - s->beta2, eps = s->eps,
+          weight = 1 - s->beta1;
+  const bool small_weight = small_lerp_weight(weight);
+  const T coeff = small_weight ? weight : weight - T(1);
+  for (int64_t i = begin; i < end; ++i) {
+    if (i + 1 < end) {
+      prefetch_adam_row(p + r[i + 1] * columns, columns);
+      prefetch_adam_row(m + r[i + 1] * columns, columns);
+      prefetch_adam_row(v + r[i + 1] * columns, columns);
+    }
+    const int64_t step = ++steps[r[i]];
+    const T neg_step_size = neg_step_size_at(*s, step);
+    const T bias_correction2_sqrt = bias_correction2_sqrt_at(*s, step);
+    T* __restrict pr = p + r[i] * columns;
+    T* __restrict mr = m + r[i] * columns;
+    T* __restrict vr = v + r[i] * columns;
+    const T* __restrict gr = g + i * columns;
+    for (int64_t j = 0; j < columns; ++j) {
+      const T pv = pr[j];
+      T gv = gr[j];
+      if constexpr (Decay::value) gv = fused_multiply_add(pv, wd, gv);
+      const T mv = mr[j];
+      const T new_m = fused_multiply_add(coeff, gv - mv, small_weight ? mv : gv);
+      mr[j] = new_m;
+      const T scaled_v = vr[j] * beta2;
+      const T scaled_g = one_minus_beta2 * gv;
+      const T square = scaled_g * gv;
+      const T new_v = scaled_v + square;
+      vr[j] = new_v;
+      const T root = square_root(new_v);
+      const T denom = root / bias_correction2_sqrt + eps;
+      const T scaled_m = neg_step_size * new_m;
+      pr[j] = pv + scaled_m / denom;
+    }
+  }
+}
+SHARDTORCH_ISA_VARIANTS(run_adam_rows, adam_rows)
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif
+
 void row_sparse_adam_cpu(const at::Tensor& param, const at::Tensor& exp_avg,
                          const at::Tensor& exp_avg_sq, const at::Tensor& row_step,
                          const at::Tensor& rows, const at::Tensor& grad, double lr, double beta1,
                          double beta2, double eps, double weight_decay) {
   check_row_sparse_adam_args(param, exp_avg, exp_avg_sq, row_step, rows, grad);
+  // The row loop reads and writes through restrict pointers.
+  const at::Tensor* tensors[] = {&param, &exp_avg, &exp_avg_sq, &grad};
+  for (int a = 0; a < 4; ++a) {
+    for (int b = a + 1; b < 4; ++b) at::assert_no_overlap(*tensors[a], *tensors[b]);
+  }
   const int64_t n = rows.numel(), total = param.size(0), columns = param.size(1);
   const at::Tensor index = rows.contiguous();
   const int64_t* r = strictly_increasing_rows("shard::_row_sparse_adam_", index, total);
@@ -119,10 +169,19 @@ void row_sparse_adam_cpu(const at::Tensor& param, const at::Tensor& exp_avg,
         const scalar_t* g = grad.const_data_ptr<scalar_t>();
         const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(columns, 1));
         at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
-          for (int64_t i = begin; i < end; ++i) {
-            const int64_t offset = r[i] * columns;
-            adam_update_row(p + offset, m + offset, v + offset, g + i * columns, columns,
-                            ++steps[r[i]], settings);
+          if constexpr (std::is_floating_point_v<scalar_t>) {
+            if (weight_decay != 0) {
+              run_adam_rows(p, m, v, g, r, steps, begin, end, columns, &settings, std::true_type{});
+            } else {
+              run_adam_rows(p, m, v, g, r, steps, begin, end, columns, &settings,
+                            std::false_type{});
+            }
+          } else {
+            for (int64_t i = begin; i < end; ++i) {
+              const int64_t offset = r[i] * columns;
+              adam_update_reduced_row(p + offset, m + offset, v + offset, g + i * columns, columns,
+                                      ++steps[r[i]], settings);
+            }
           }
         });
       });
