@@ -66,14 +66,6 @@ void adam_update_reduced_row(scalar_t* p, scalar_t* m, scalar_t* v, const scalar
   }
 }
 
-// The lines of one row, asked for ahead of their use.
-template <typename T>
-SHARDTORCH_INLINE_KERNEL void prefetch_adam_row(const T* row, int64_t columns) {
-  const char* bytes = reinterpret_cast<const char*>(row);
-  const int64_t size = columns * static_cast<int64_t>(sizeof(T));
-  for (int64_t b = 0; b < size; b += 64) __builtin_prefetch(bytes + b, 1, 3);
-}
-
 // float/double kept rows [begin, end) of r, each advanced one step and
 // updated in place in one loop the compiler vectorises (vector_isa.h: AVX-512
 // where the CPU has it), the next row's value and moments asked for while one
@@ -111,9 +103,9 @@ SHARDTORCH_INLINE_KERNEL void adam_rows(T* p, T* m, T* v, const T* g, const int6
   const T coeff = small_weight ? weight : weight - T(1);
   for (int64_t i = begin; i < end; ++i) {
     if (i + 1 < end) {
-      prefetch_adam_row(p + r[i + 1] * columns, columns);
-      prefetch_adam_row(m + r[i + 1] * columns, columns);
-      prefetch_adam_row(v + r[i + 1] * columns, columns);
+      prefetch_row(p + r[i + 1] * columns, columns);
+      prefetch_row(m + r[i + 1] * columns, columns);
+      prefetch_row(v + r[i + 1] * columns, columns);
     }
     const int64_t step = ++steps[r[i]];
     const T neg_step_size = neg_step_size_at(*s, step);

@@ -43,14 +43,6 @@ void update_reduced_row(scalar_t* p, scalar_t* buf, const scalar_t* g, int64_t c
   }
 }
 
-// The lines of one row, asked for ahead of their use.
-template <typename T>
-SHARDTORCH_INLINE_KERNEL void prefetch_row(const T* row, int64_t columns) {
-  const char* bytes = reinterpret_cast<const char*>(row);
-  const int64_t size = columns * static_cast<int64_t>(sizeof(T));
-  for (int64_t b = 0; b < size; b += 64) __builtin_prefetch(bytes + b, 1, 3);
-}
-
 // float/double rows [begin, end) of the kept rows r, each updated in place in
 // one loop the compiler vectorises (vector_isa.h: AVX-512 where the CPU has
 // it). The kept rows are scattered, so the hardware prefetchers start on each

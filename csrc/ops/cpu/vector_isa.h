@@ -77,6 +77,17 @@ inline VectorIsa cpu_vector_isa() {
 }
 #endif
 
+// Asks for the cache lines of a row of `count` values, to be written, ahead of
+// their use: kernels over scattered rows (the row-sparse optimizers') call it
+// for the next row while they update one, since the hardware prefetchers start
+// cold on each row.
+template <typename T>
+SHARDTORCH_INLINE_KERNEL void prefetch_row(const T* row, int64_t count) {
+  const char* bytes = reinterpret_cast<const char*>(row);
+  const int64_t size = count * static_cast<int64_t>(sizeof(T));
+  for (int64_t b = 0; b < size; b += 64) __builtin_prefetch(bytes + b, 1, 3);
+}
+
 #define SHARDTORCH_ISA_VARIANTS(name, kernel)                                    \
   template <typename... Args>                                                    \
   void name##_baseline(Args... args) {                                           \
