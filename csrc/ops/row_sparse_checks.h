@@ -3,7 +3,10 @@
 // shard::_row_sparse_adam_) make alike; every message names the op, the
 // argument, the rule and the value.
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 #include <c10/util/Exception.h>
+
+#include <initializer_list>
 
 namespace shardtorch {
 namespace ops {
@@ -34,6 +37,14 @@ inline void check_row_sparse_state(const char* op, const char* name, const at::T
                   state.scalar_type() == param.scalar_type(),
               op, ": ", name, " must be contiguous, shaped and typed like param ", param.sizes(),
               " ", param.scalar_type(), ", got ", state.sizes(), " ", state.scalar_type());
+}
+
+// The CPU kernels read and write their tensors through restrict pointers: no
+// two of them may share memory.
+inline void check_row_sparse_disjoint(std::initializer_list<const at::Tensor*> tensors) {
+  for (auto a = tensors.begin(); a != tensors.end(); ++a) {
+    for (auto b = a + 1; b != tensors.end(); ++b) at::assert_no_overlap(**a, **b);
+  }
 }
 
 // The CPU kernels' row indices (`index`: contiguous int64): strictly

@@ -162,8 +162,7 @@ at::Tensor cpu_addmm(const at::Tensor& bias, const at::Tensor& a, const at::Tens
     return at::addmm(bias, a, b);
   }
   at::Tensor out = at::empty({a.size(0), b.size(1)}, a.options());
-  out.copy_(bias.expand_as(out));
-  onednn_gemm(out, a, b, /*accumulate=*/true);
+  cpu_addmm_out(out, bias, a, b);
   return out;
 }
 

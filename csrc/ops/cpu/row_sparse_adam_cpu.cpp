@@ -4,7 +4,6 @@
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
-#include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
@@ -78,21 +77,6 @@ void adam_update_reduced_row(scalar_t* p, scalar_t* m, scalar_t* v, const scalar
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=off")
 #endif
-// The builtins, not std::fma / std::sqrt: a library function compiled with
-// other optimisation options may stay a call, and a call per element keeps the
-// loop from vectorising (sqrt is one instruction under -fno-math-errno, which
-// CMakeLists.txt sets as torch's build does).
-template <typename T>
-SHARDTORCH_INLINE_KERNEL T fused_multiply_add(T a, T b, T c) {
-  if constexpr (std::is_same_v<T, float>) return __builtin_fmaf(a, b, c);
-  return __builtin_fma(a, b, c);
-}
-template <typename T>
-SHARDTORCH_INLINE_KERNEL T square_root(T x) {
-  if constexpr (std::is_same_v<T, float>) return __builtin_sqrtf(x);
-  return __builtin_sqrt(x);
-}
-
 template <typename T, typename Decay>
 SHARDTORCH_INLINE_KERNEL void adam_rows(T* p, T* m, T* v, const T* g, const int64_t* r,
                                         int64_t* steps, int64_t begin, int64_t end, int64_t columns,
@@ -143,11 +127,7 @@ void row_sparse_adam_cpu(const at::Tensor& param, const at::Tensor& exp_avg,
                          const at::Tensor& rows, const at::Tensor& grad, double lr, double beta1,
                          double beta2, double eps, double weight_decay) {
   check_row_sparse_adam_args(param, exp_avg, exp_avg_sq, row_step, rows, grad);
-  // The row loop reads and writes through restrict pointers.
-  const at::Tensor* tensors[] = {&param, &exp_avg, &exp_avg_sq, &grad};
-  for (int a = 0; a < 4; ++a) {
-    for (int b = a + 1; b < 4; ++b) at::assert_no_overlap(*tensors[a], *tensors[b]);
-  }
+  check_row_sparse_disjoint({&param, &exp_avg, &exp_avg_sq, &grad});
   const int64_t n = rows.numel(), total = param.size(0), columns = param.size(1);
   const at::Tensor index = rows.contiguous();
   const int64_t* r = strictly_increasing_rows("shard::_row_sparse_adam_", index, total);

@@ -4,11 +4,9 @@
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
-#include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include <cmath>
 #include <type_traits>
 
 #include "ops/cpu/vector_isa.h"
@@ -80,14 +78,14 @@ SHARDTORCH_INLINE_KERNEL void sgd_rows(T* p, T* buf, const T* g, const int64_t* 
     T* __restrict br = Momentum::value ? buf + r[i] * columns : nullptr;
     for (int64_t j = 0; j < columns; ++j) {
       T d = gr[j];
-      if constexpr (Decay::value) d = std::fma(pr[j], wd, d);
+      if constexpr (Decay::value) d = fused_multiply_add(pr[j], wd, d);
       if constexpr (Momentum::value) {
         const T decayed = br[j] * momentum;
         const T b = decayed + d;
         br[j] = b;
-        d = Nesterov::value ? std::fma(b, momentum, d) : b;
+        d = Nesterov::value ? fused_multiply_add(b, momentum, d) : b;
       }
-      pr[j] = std::fma(d, minus_lr, pr[j]);
+      pr[j] = fused_multiply_add(d, minus_lr, pr[j]);
     }
   }
 }
@@ -126,11 +124,10 @@ void row_sparse_sgd_cpu(const at::Tensor& param, const std::optional<at::Tensor>
                         const at::Tensor& rows, const at::Tensor& grad, double lr, double momentum,
                         double weight_decay, bool nesterov) {
   check_row_sparse_sgd_args(param, momentum_buffer, rows, grad, momentum);
-  // The row loop reads and writes through restrict pointers.
-  at::assert_no_overlap(param, grad);
   if (momentum != 0) {
-    at::assert_no_overlap(param, *momentum_buffer);
-    at::assert_no_overlap(*momentum_buffer, grad);
+    check_row_sparse_disjoint({&param, &*momentum_buffer, &grad});
+  } else {
+    check_row_sparse_disjoint({&param, &grad});
   }
   const int64_t n = rows.numel(), total = param.size(0), columns = param.size(1);
   const at::Tensor index = rows.contiguous();

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 namespace shardtorch {
 namespace ops {
@@ -86,6 +87,22 @@ SHARDTORCH_INLINE_KERNEL void prefetch_row(const T* row, int64_t count) {
   const char* bytes = reinterpret_cast<const char*>(row);
   const int64_t size = count * static_cast<int64_t>(sizeof(T));
   for (int64_t b = 0; b < size; b += 64) __builtin_prefetch(bytes + b, 1, 3);
+}
+
+// fma and sqrt for the kernels, as the builtins rather than std::fma /
+// std::sqrt: a library function compiled with other optimisation options (the
+// kernels turn off fp-contract) may stay a call, and a call per element keeps
+// the loop from vectorising (sqrt is one instruction under -fno-math-errno,
+// which CMakeLists.txt sets as torch's build does).
+template <typename T>
+SHARDTORCH_INLINE_KERNEL T fused_multiply_add(T a, T b, T c) {
+  if constexpr (std::is_same_v<T, float>) return __builtin_fmaf(a, b, c);
+  return __builtin_fma(a, b, c);
+}
+template <typename T>
+SHARDTORCH_INLINE_KERNEL T square_root(T x) {
+  if constexpr (std::is_same_v<T, float>) return __builtin_sqrtf(x);
+  return __builtin_sqrt(x);
 }
 
 #define SHARDTORCH_ISA_VARIANTS(name, kernel)                                    \
