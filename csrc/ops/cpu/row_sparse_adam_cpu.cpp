@@ -87,9 +87,9 @@ SHARDTORCH_INLINE_KERNEL void adam_rows(T* p, T* m, T* v, const T* g, const int6
   const T coeff = small_weight ? weight : weight - T(1);
   for (int64_t i = begin; i < end; ++i) {
     if (i + 1 < end) {
-      prefetch_row(p + r[i + 1] * columns, columns);
-      prefetch_row(m + r[i + 1] * columns, columns);
-      prefetch_row(v + r[i + 1] * columns, columns);
+      prefetch_row<kPrefetchToWrite>(p + r[i + 1] * columns, columns);
+      prefetch_row<kPrefetchToWrite>(m + r[i + 1] * columns, columns);
+      prefetch_row<kPrefetchToWrite>(v + r[i + 1] * columns, columns);
     }
     const int64_t step = ++steps[r[i]];
     const T neg_step_size = neg_step_size_at(*s, step);

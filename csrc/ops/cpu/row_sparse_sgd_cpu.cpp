@@ -70,8 +70,9 @@ SHARDTORCH_INLINE_KERNEL void sgd_rows(T* p, T* buf, const T* g, const int64_t* 
   const T minus_lr = -lr;
   for (int64_t i = begin; i < end; ++i) {
     if (i + 1 < end) {
-      prefetch_row(p + r[i + 1] * columns, columns);
-      if constexpr (Momentum::value) prefetch_row(buf + r[i + 1] * columns, columns);
+      prefetch_row<kPrefetchToWrite>(p + r[i + 1] * columns, columns);
+      if constexpr (Momentum::value)
+        prefetch_row<kPrefetchToWrite>(buf + r[i + 1] * columns, columns);
     }
     T* __restrict pr = p + r[i] * columns;
     const T* __restrict gr = g + i * columns;

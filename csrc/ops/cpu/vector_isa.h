@@ -78,15 +78,16 @@ inline VectorIsa cpu_vector_isa() {
 }
 #endif
 
-// Asks for the cache lines of a row of `count` values, to be written, ahead of
-// their use: kernels over scattered rows (the row-sparse optimizers') call it
-// for the next row while they update one, since the hardware prefetchers start
-// cold on each row.
-template <typename T>
+// Asks for the cache lines of a row of `count` values ahead of their use, to
+// be written (kPrefetchToWrite) or only read: kernels over scattered rows (the
+// row-sparse optimizers', the margin head's gather) call it for the next row
+// while they work on one, since the hardware prefetchers start cold on each row.
+enum PrefetchIntent { kPrefetchToRead = 0, kPrefetchToWrite = 1 };
+template <int Intent, typename T>
 SHARDTORCH_INLINE_KERNEL void prefetch_row(const T* row, int64_t count) {
   const char* bytes = reinterpret_cast<const char*>(row);
   const int64_t size = count * static_cast<int64_t>(sizeof(T));
-  for (int64_t b = 0; b < size; b += 64) __builtin_prefetch(bytes + b, 1, 3);
+  for (int64_t b = 0; b < size; b += 64) __builtin_prefetch(bytes + b, Intent, 3);
 }
 
 // fma and sqrt for the kernels, as the builtins rather than std::fma /
