@@ -33,6 +33,13 @@ at::Tensor CrossEntropyKernels::chunk_logits(const at::Tensor& x, const at::Tens
   return logits.scalar_type() == out ? logits : logits.to(out);
 }
 
+void CrossEntropyKernels::softmax_grad_from_exp_inplace(const at::Tensor&, const at::Tensor&,
+                                                        const at::Tensor&, const at::Tensor&,
+                                                        const at::Tensor&) const {
+  TORCH_INTERNAL_ASSERT(false,
+                        "softmax_grad_from_exp_inplace without accumulate_row_stats_leaving_exp");
+}
+
 void CrossEntropyKernels::add_product(at::Tensor& acc, const at::Tensor& a,
                                       const at::Tensor& b) const {
   if (acc.scalar_type() == a.scalar_type()) {

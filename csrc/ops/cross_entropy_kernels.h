@@ -61,6 +61,30 @@ class CrossEntropyKernels {
                                     const at::Tensor& target_local, const at::Tensor& weight_local,
                                     const at::Tensor& coefs) const = 0;
 
+  // The gradients-in-forward pair, for a block of rows holding all of this
+  // rank's columns. accumulate_row_stats_leaving_exp is accumulate_row_stats
+  // into fresh stats from column 0 without copy_to, except that it leaves
+  // exp(x - m) in place of each logit, m being the row's max as it wrote it
+  // (0 where that is -inf); softmax_grad_from_exp_inplace is then
+  // softmax_grad_inplace from those values and those stats, with one multiply
+  // per logit where the other computes exp(x - lse) again:
+  //   v = grad_scale * exp(m - lse) * v - target_scale * [col == target]
+  //       - smooth_scale * w_col
+  // The first returns false, having done nothing, where the kernels do not
+  // have this pair (the default) or the logits are not in the stats dtype;
+  // the second may only follow a first that returned true.
+  virtual bool accumulate_row_stats_leaving_exp(const at::Tensor& logits,
+                                                const at::Tensor& target_local,
+                                                const at::Tensor& weight_local,
+                                                const at::Tensor& stats) const {
+    return false;
+  }
+  virtual void softmax_grad_from_exp_inplace(const at::Tensor& values,
+                                             const at::Tensor& target_local,
+                                             const at::Tensor& weight_local,
+                                             const at::Tensor& coefs,
+                                             const at::Tensor& stats) const;
+
   // The fused classifier's GEMMs. x and w share a dtype (the GEMM dtype).
   // Logits [rows, width] in `out` (the stats dtype) of x [rows, f] times the
   // rows of w_chunk [width, f], plus bias_chunk [width] (or undefined): a

@@ -30,10 +30,35 @@ void add_row_statistics(const CrossEntropyKernels& kernels, const at::Tensor& lo
   }
 }
 
+// add_row_statistics for a block of rows holding every column, into fresh
+// stats: where the kernels can, each logit is left as its exp(x - row max),
+// so that softmax_gradient (given `stats`) needs no exp. Whether it was.
+bool add_block_statistics(const CrossEntropyKernels& kernels, const at::Tensor& logits,
+                          const CrossEntropyForwardSetup& setup, const at::Tensor& stats) {
+  // The probability target's sums read the logits: before they are replaced.
+  if (setup.probability_target) {
+    accumulate_probability_stats(logits, 0, setup.target_probs, setup.weight_local, stats);
+  }
+  if (kernels.accumulate_row_stats_leaving_exp(logits, setup.target_local, setup.weight_local,
+                                               stats)) {
+    return true;
+  }
+  kernels.accumulate_row_stats(logits, 0, setup.target_local, setup.weight_local, stats,
+                               at::Tensor());
+  return false;
+}
+
+// d loss / d logits in place; `exp_stats`: the values are what
+// add_block_statistics left, and these its stats, else undefined.
 void softmax_gradient(const CrossEntropyKernels& kernels, const at::Tensor& values, int64_t begin,
                       const at::Tensor& target_local, const at::Tensor& weight_local,
-                      const at::Tensor& probs, const at::Tensor& coefs) {
-  kernels.softmax_grad_inplace(values, begin, target_local, weight_local, coefs);
+                      const at::Tensor& probs, const at::Tensor& coefs,
+                      const at::Tensor& exp_stats = at::Tensor()) {
+  if (exp_stats.defined()) {
+    kernels.softmax_grad_from_exp_inplace(values, target_local, weight_local, coefs, exp_stats);
+  } else {
+    kernels.softmax_grad_inplace(values, begin, target_local, weight_local, coefs);
+  }
   if (probs.defined()) {
     subtract_probability_gradient(values, begin, probs, weight_local,
                                   coefs.select(1, kCoefTargetScale));
@@ -180,7 +205,8 @@ class TileGradients {
 // Blocks of rows, each holding all of this rank's columns: a block's
 // statistics are combined over the group (one all-gather per block), then
 // its logits become their gradient in place and go into the input and weight
-// gradients. Three GEMMs per row, none recomputed.
+// gradients. Three GEMMs per row, none recomputed, and one exp per logit
+// where the kernels can (add_block_statistics).
 FusedHeadResult by_row_blocks(const FusedHead& head, const at::Tensor& input,
                               const at::Tensor& target, const CrossEntropyOptions& options,
                               const CrossEntropyForwardSetup& setup, int64_t block_rows,
@@ -205,9 +231,10 @@ FusedHeadResult by_row_blocks(const FusedHead& head, const at::Tensor& input,
     const at::Tensor xb = x.narrow(0, begin, count);
     at::Tensor stats = fresh_row_stats(count, block, input.device());
     LogitChunk chunk;
+    bool exp_left = false;
     if (compute) {
       chunk = head.logits(xb, 0, columns, block.target_local);
-      add_row_statistics(kernels, chunk.values, 0, block, stats);
+      exp_left = add_block_statistics(kernels, chunk.values, block, stats);
     }
     saved_blocks.push_back(combine_over_group(block, stats, options, op));
     if (compute) {
@@ -219,7 +246,7 @@ FusedHeadResult by_row_blocks(const FusedHead& head, const at::Tensor& input,
                                          coef_options, columns, setup.acc, op)
               .coefs;
       softmax_gradient(kernels, chunk.values, 0, block.target_local, block.weight_local,
-                       block.target_probs, coefs);
+                       block.target_probs, coefs, exp_left ? stats : at::Tensor());
       const bool last_block = begin + count >= rows;
       tiles.add(chunk, xb, begin, 0, columns, block.target_local, begin == 0, last_block,
                 last_block);

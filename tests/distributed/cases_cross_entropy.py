@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import shardtorch as ts
-from tests.reference import assert_close, cross_entropy_reference, expect_error, shard_of
+from tests.reference import assert_close, cross_entropy_reference, expect_error, shard_of, split_range
 
 F_TS = ts.nn.functional
 
@@ -257,6 +257,45 @@ def case_fused_gradients_in_forward_by_blocks_and_recomputed():
         assert_close(xs.grad, xr.grad, torch.float64, "fused grad input " + what)
         assert_close(Ws.grad, shard_of(Wr.grad, 0), torch.float64, "fused grad weight " + what)
         assert_close(bs.grad, shard_of(br.grad, 0), torch.float64, "fused grad bias " + what)
+
+
+def case_fused_masked_classes_where_a_rank_holds_only_masked_ones():
+    """Classes masked by a -inf bias, the last rank's whole shard among them:
+    on that rank every row's logits are -inf (its max -inf, its sum 0), on
+    the others a few are. The fused loss's one block of rows (where each logit
+    is turned into its exp once and that into its gradient) against the
+    float64 reference, float64 and float32: finite loss and gradients, zero
+    for the masked classes. Class weights, z-loss, an ignored row."""
+    size, rank = _size(), ts.distributed.get_group_rank()
+    rows, classes = 40, 7 * size + 3
+    g = torch.Generator().manual_seed(classes)
+    x = torch.randn(rows, 5, dtype=torch.float64, generator=g)
+    W = torch.randn(classes, 5, dtype=torch.float64, generator=g)
+    b = torch.randn(classes, dtype=torch.float64, generator=g)
+    last_lo = split_range(classes, size, size - 1)[0]
+    b[last_lo:] = float("-inf")
+    b[1:last_lo:4] = float("-inf")
+    live = [c for c in range(last_lo) if c % 4 != 1]
+    target = torch.tensor(live)[torch.randint(0, len(live), (rows,), generator=g)]
+    target[3] = -100
+    weight = torch.rand(classes, dtype=torch.float64, generator=g) + 0.5
+    kwargs = dict(ignore_index=-100, z_loss=1e-3)
+    xr, Wr, br = (t.clone().requires_grad_() for t in (x, W, b))
+    ref = cross_entropy_reference(nn.functional.linear(xr, Wr, br), target, weight, **kwargs)
+    ref.backward()
+    for dtype in (torch.float64, torch.float32):
+        xs, Ws, bs = (t.to(dtype).clone().requires_grad_() for t in (x, shard_of(W, 0), shard_of(b, 0)))
+        loss = F_TS.parallel_linear_cross_entropy(xs, Ws, bs, target, shard_of(weight, 0).to(dtype),
+                                                  **kwargs)
+        loss.backward()
+        what = f"{dtype} rank {rank}"
+        assert torch.isfinite(loss), what
+        assert_close(loss, ref, dtype, "masked loss " + what)
+        assert_close(xs.grad, xr.grad, dtype, "masked grad input " + what)
+        assert_close(Ws.grad, shard_of(Wr.grad, 0), dtype, "masked grad weight " + what)
+        assert_close(bs.grad, shard_of(br.grad, 0), dtype, "masked grad bias " + what)
+        masked = torch.isneginf(shard_of(b, 0))
+        assert masked.any() and not bs.grad[masked].any() and not Ws.grad[masked].any(), what
 
 
 def case_profiler_shows_the_time_each_collective_waited():

@@ -5,6 +5,8 @@ weight has at least 128 features a block of at least 128 rows holds every column
 computed once: three GEMMs per row (logits, input gradient, weight gradient) at any class count. Below
 that (few features, many classes) they are computed twice.
 The GEMMs are counted from the profiler's shapes, the results checked against float64 references."""
+import math
+
 import pytest
 import torch
 
@@ -88,6 +90,41 @@ def test_the_logits_are_computed_once_where_a_block_fits_the_weights_size(world_
     torch.testing.assert_close(loss, ref, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(gx, rx, rtol=1e-9, atol=1e-12)
     torch.testing.assert_close(gw.to_dense() if gw.is_sparse else gw, rw, rtol=1e-9, atol=1e-12)
+
+
+def _exp_elements(step):
+    """Runs ``step`` under the profiler: how many values its ATen exps took."""
+    from torch.profiler import profile
+    with profile(record_shapes=True) as prof:
+        step()
+    return sum(math.prod(e.shapes()[0]) for e in prof.profiler.kineto_results.events()
+               if e.name() in ("aten::exp", "aten::exp_"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, "bfloat16 autocast"])
+@pytest.mark.parametrize("head,features,passes", [
+    ("linear", 128, 1), ("margin", 128, 1), ("margin_sampled", 64, 1),
+    ("linear", 64, 2),  # blocks too thin: the logits, and so their exps, are computed twice
+])
+def test_a_block_of_all_columns_takes_one_exp_per_logit(world_of_one, head, features, passes, dtype):
+    """Where a block of rows holds every column, its statistics' pass leaves each logit as its exp(x -
+    row max) and the gradient's pass scales that by exp(row max - lse): one exp per logit, not one per
+    pass. Beside them only per-row exps. The results against float64 are the test above's."""
+    x, w, target, kept = _case(head, features)
+    columns = CLASSES if kept is None else kept.numel()
+    autocast = dtype == "bfloat16 autocast"
+    if not autocast:
+        x, w = x.to(dtype), w.to(dtype)
+    xs, ws = x.float().requires_grad_() if autocast else x.requires_grad_(), w.float() if autocast else w
+    ws.requires_grad_()
+
+    def step():
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            return _loss_and_backward(head, xs, ws, target, kept)
+
+    exps = _exp_elements(step)
+    per_row = 4 * math.ceil(columns / CHUNK)  # at most a few per row and chunk of columns
+    assert passes * ROWS * columns <= exps <= (passes * columns + per_row) * ROWS, exps / (ROWS * columns)
 
 
 @pytest.mark.parametrize("autocast", [False, True])

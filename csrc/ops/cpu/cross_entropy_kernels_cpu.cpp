@@ -48,10 +48,18 @@ void fold_targets(const at::Tensor& x, int64_t row0, int64_t col_begin, const in
   }
 }
 
+// exp(x - m) where m is a row's max, 0 where that is -inf: a row whose
+// logits are all -inf keeps max -inf and sum 0, and (-inf) - (-inf) stays out.
+at::Tensor exp_shift(const at::Tensor& row_max) {
+  return at::where(at::isneginf(row_max), at::zeros_like(row_max), row_max);
+}
+
+// `leave_exp`: the logits (in the stats dtype) become exp(x - shift) in place
+// (CrossEntropyKernels::accumulate_row_stats_leaving_exp).
 template <typename scalar_t, typename acc_t>
 void accumulate_rows(const at::Tensor& logits, int64_t col_begin, const at::Tensor& target_local,
                      const at::Tensor& weight_local, const at::Tensor& stats,
-                     const at::Tensor& copy_to) {
+                     const at::Tensor& copy_to, bool leave_exp) {
   const int64_t rows = logits.size(0), cols = logits.size(1);
   if (rows == 0 || cols == 0) return;
   const at::ScalarType acc = stats.scalar_type();
@@ -60,7 +68,10 @@ void accumulate_rows(const at::Tensor& logits, int64_t col_begin, const at::Tens
   const int64_t step = rows_per_block(cols);
   // exp(x - max) of a block, one buffer for all blocks: a fresh one per block
   // (2 MiB at 500k columns) cost more than the exp itself.
-  at::Tensor shifted_storage = at::empty({std::min(step, rows), cols}, logits.options().dtype(acc));
+  at::Tensor shifted_storage;
+  if (!leave_exp) {
+    shifted_storage = at::empty({std::min(step, rows), cols}, logits.options().dtype(acc));
+  }
   for (int64_t row0 = 0; row0 < rows; row0 += step) {
     const int64_t n = std::min(step, rows - row0);
     const at::Tensor x = logits.narrow(0, row0, n);
@@ -68,26 +79,31 @@ void accumulate_rows(const at::Tensor& logits, int64_t col_begin, const at::Tens
     const at::Tensor xa = in_stats_dtype(x, acc);
     at::Tensor s = stats.narrow(0, row0, n);
     at::Tensor run_max = s.select(1, kRowMax), run_sum = s.select(1, kRowSumExp);
-    // Merge this block's max and sum-exp into the running ones (a shard may
-    // come in column chunks). A row whose logits are all -inf keeps max -inf
-    // and sum 0; the shift by 0 keeps (-inf) - (-inf) out.
-    const at::Tensor new_max = at::maximum(run_max, xa.amax(1));
-    const at::Tensor shift = at::where(at::isneginf(new_max), at::zeros_like(new_max), new_max);
-    at::Tensor shifted = shifted_storage.narrow(0, 0, n);
-    const at::Tensor block_sum = at::sub_out(shifted, xa, shift.unsqueeze(1)).exp_().sum(1);
-    run_sum.mul_(at::sub(run_max, shift).exp_()).add_(block_sum);
-    run_max.copy_(new_max);
+    // The passes that read the logits themselves come first: with
+    // `leave_exp` the exp overwrites them.
     s.select(1, kRowWeightedSum).add_(w_cols.defined() ? at::mv(xa, w_cols) : xa.sum(1));
     fold_targets<scalar_t, acc_t>(
         x, row0, col_begin, target_local.const_data_ptr<int64_t>(),
         weight_local.defined() ? weight_local.const_data_ptr<acc_t>() : nullptr,
         stats.data_ptr<acc_t>());
+    // Merge this block's max and sum-exp into the running ones (a shard may
+    // come in column chunks).
+    const at::Tensor new_max = at::maximum(run_max, xa.amax(1));
+    const at::Tensor shift = exp_shift(new_max);
+    at::Tensor shifted = leave_exp ? xa : shifted_storage.narrow(0, 0, n);
+    at::sub_out(shifted, xa, shift.unsqueeze(1));
+    const at::Tensor block_sum = shifted.exp_().sum(1);
+    run_sum.mul_(at::sub(run_max, shift).exp_()).add_(block_sum);
+    run_max.copy_(new_max);
   }
 }
 
+// `stats` defined: the values are exp(x - shift) as accumulate_rows left them
+// with `leave_exp`, and `stats` what it wrote.
 template <typename scalar_t, typename acc_t>
 void softmax_grad_rows(const at::Tensor& values, int64_t col_begin, const at::Tensor& target_local,
-                       const at::Tensor& weight_local, const at::Tensor& coefs) {
+                       const at::Tensor& weight_local, const at::Tensor& coefs,
+                       const at::Tensor& stats) {
   const int64_t rows = values.size(0), cols = values.size(1);
   if (rows == 0 || cols == 0) return;
   const at::ScalarType acc = coefs.scalar_type();
@@ -101,10 +117,22 @@ void softmax_grad_rows(const at::Tensor& values, int64_t col_begin, const at::Te
     at::Tensor v = values.narrow(0, row0, n);
     at::Tensor g = in_stats_dtype(v, acc);
     const at::Tensor c = coefs.narrow(0, row0, n);
-    g.sub_(c.select(1, kCoefLse).unsqueeze(1))
-        .sub_(c.select(1, kCoefLseRemainder).unsqueeze(1))
-        .exp_()
-        .mul_(c.select(1, kCoefGradScale).unsqueeze(1));
+    const at::Tensor grad_scale = c.select(1, kCoefGradScale);
+    if (stats.defined()) {
+      // exp(x - lse) = exp(x - shift) exp(shift - lse), the second a factor
+      // per row. Where the max is +inf so is lse: the factor is then taken as
+      // 1, which gives the row's finite logits 0 as exp(x - lse) does.
+      const at::Tensor shift = exp_shift(stats.select(1, kRowMax).narrow(0, row0, n));
+      const at::Tensor factor = at::where(
+          at::isposinf(shift), grad_scale,
+          (shift - c.select(1, kCoefLse) - c.select(1, kCoefLseRemainder)).exp_() * grad_scale);
+      g.mul_(factor.unsqueeze(1));
+    } else {
+      g.sub_(c.select(1, kCoefLse).unsqueeze(1))
+          .sub_(c.select(1, kCoefLseRemainder).unsqueeze(1))
+          .exp_()
+          .mul_(grad_scale.unsqueeze(1));
+    }
     // The label smoothing's term, a pass over the block, only where a row
     // has one (without smoothing x - 0 == x: nothing to do).
     bool smoothing = false;
@@ -143,8 +171,19 @@ class CpuCrossEntropyKernels final : public CrossEntropyKernels {
         at::kHalf, at::kBFloat16, logits.scalar_type(), "parallel_cross_entropy_forward_cpu", [&] {
           using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
           accumulate_rows<scalar_t, acc_t>(logits, col_begin, target_local, weight_local, stats,
-                                           copy_to);
+                                           copy_to, /*leave_exp=*/false);
         });
+  }
+
+  bool accumulate_row_stats_leaving_exp(const at::Tensor& logits, const at::Tensor& target_local,
+                                        const at::Tensor& weight_local,
+                                        const at::Tensor& stats) const override {
+    if (logits.scalar_type() != stats.scalar_type()) return false;
+    AT_DISPATCH_FLOATING_TYPES(logits.scalar_type(), "parallel_cross_entropy_forward_cpu", [&] {
+      accumulate_rows<scalar_t, scalar_t>(logits, 0, target_local, weight_local, stats,
+                                          at::Tensor(), /*leave_exp=*/true);
+    });
+    return true;
   }
 
   void softmax_grad_inplace(const at::Tensor& values, int64_t col_begin,
@@ -153,8 +192,17 @@ class CpuCrossEntropyKernels final : public CrossEntropyKernels {
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::kHalf, at::kBFloat16, values.scalar_type(), "parallel_cross_entropy_backward_cpu", [&] {
           using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
-          softmax_grad_rows<scalar_t, acc_t>(values, col_begin, target_local, weight_local, coefs);
+          softmax_grad_rows<scalar_t, acc_t>(values, col_begin, target_local, weight_local, coefs,
+                                             at::Tensor());
         });
+  }
+
+  void softmax_grad_from_exp_inplace(const at::Tensor& values, const at::Tensor& target_local,
+                                     const at::Tensor& weight_local, const at::Tensor& coefs,
+                                     const at::Tensor& stats) const override {
+    AT_DISPATCH_FLOATING_TYPES(values.scalar_type(), "parallel_cross_entropy_backward_cpu", [&] {
+      softmax_grad_rows<scalar_t, scalar_t>(values, 0, target_local, weight_local, coefs, stats);
+    });
   }
 };
 
