@@ -32,7 +32,7 @@ SHARDTORCH_INLINE_KERNEL T margin_row_dot(const T* __restrict a, const T* __rest
 
 // Rows [k0, k1) of the gather: out[k] = w[index[k]] * scale / max(|.|, eps).
 // The next kept row is asked for while one is read: 50,000 of 500,000 rows of
-// 512 floats took 20 to 23 ms without, 12 to 15 ms with (a Zen 5 core).
+// 512 floats took 22 to 43 ms without, 13 to 15 ms with (a Zen 5 core).
 template <typename T>
 SHARDTORCH_INLINE_KERNEL void gather_scaled_unit_rows(T* __restrict out, T* __restrict norms,
                                                       const T* __restrict w, int64_t w_stride,
