@@ -65,10 +65,10 @@ class CrossEntropyKernels {
   // rank's columns. accumulate_row_stats_leaving_exp is accumulate_row_stats
   // into fresh stats from column 0 without copy_to, except that it leaves
   // exp(x - m) in place of each logit, m being the row's max as it wrote it
-  // (0 where that is -inf); softmax_grad_from_exp_inplace is then
-  // softmax_grad_inplace from those values and those stats, with one multiply
-  // per logit where the other computes exp(x - lse) again:
-  //   v = grad_scale * exp(m - lse) * v - target_scale * [col == target]
+  // (0 where that is -inf, so the row holds 0); softmax_grad_from_exp_inplace
+  // is then softmax_grad_inplace from those values and those stats, with one
+  // multiply per logit where the other computes exp(x - lse) again:
+  //   v = grad_scale * exp(max - lse) * v - target_scale * [col == target]
   //       - smooth_scale * w_col
   // The first returns false, having done nothing, where the kernels do not
   // have this pair (the default) or the logits are not in the stats dtype;

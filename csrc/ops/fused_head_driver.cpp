@@ -128,6 +128,7 @@ class TileGradients {
         const int64_t w = std::min(slice_, width - c);
         const at::Tensor grad = chunk.values.narrow(1, c, w).to(x.scalar_type());
         if (grad_x.defined()) head_.add_input_gradient(grad_x, grad, begin + c, w, chunk);
+        if (last_tile && c + w >= width) join_input_sum();  // as above
         add_weight_product(w == width ? &chunk : nullptr, grad, x, begin + c, w, first_rows,
                            last_rows);
       }

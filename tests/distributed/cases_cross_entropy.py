@@ -265,13 +265,21 @@ def case_fused_masked_classes_where_a_rank_holds_only_masked_ones():
     the others a few are. The fused loss's one block of rows (where each logit
     is turned into its exp once and that into its gradient) against the
     float64 reference, float64 and float32: finite loss and gradients, zero
-    for the masked classes. Class weights, z-loss, an ignored row."""
-    size, rank = _size(), ts.distributed.get_group_rank()
+    for the masked classes; the live logits near 0 and near -100 (a
+    log-sum-exp below float32's exp range: exp(0 - lse) would overflow).
+    Class weights, z-loss, an ignored row."""
+    size = _size()
     rows, classes = 40, 7 * size + 3
+    for offset in (0.0, -100.0):
+        _check_masked_classes(rows, classes, offset)
+
+
+def _check_masked_classes(rows, classes, offset):
+    size, rank = _size(), ts.distributed.get_group_rank()
     g = torch.Generator().manual_seed(classes)
     x = torch.randn(rows, 5, dtype=torch.float64, generator=g)
     W = torch.randn(classes, 5, dtype=torch.float64, generator=g)
-    b = torch.randn(classes, dtype=torch.float64, generator=g)
+    b = torch.randn(classes, dtype=torch.float64, generator=g) + offset
     last_lo = split_range(classes, size, size - 1)[0]
     b[last_lo:] = float("-inf")
     b[1:last_lo:4] = float("-inf")
@@ -288,7 +296,7 @@ def case_fused_masked_classes_where_a_rank_holds_only_masked_ones():
         loss = F_TS.parallel_linear_cross_entropy(xs, Ws, bs, target, shard_of(weight, 0).to(dtype),
                                                   **kwargs)
         loss.backward()
-        what = f"{dtype} rank {rank}"
+        what = f"{dtype} rank {rank} offset {offset}"
         assert torch.isfinite(loss), what
         assert_close(loss, ref, dtype, "masked loss " + what)
         assert_close(xs.grad, xr.grad, dtype, "masked grad input " + what)

@@ -331,6 +331,31 @@ def test_gradients_in_forward_paths_match_reference_float64(world_of_one, rows, 
         torch.testing.assert_close(t.grad, f, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gradients_in_forward_give_an_infinite_logit_what_torch_gives(world_of_one, dtype):
+    """A +inf logit (here a +inf bias, so in every row) makes the row's log-sum-exp NaN: torch's
+    gradients are NaN wherever that row reaches, and the fused loss's are NaN in the same places,
+    in its gradients-in-forward path (which keeps each logit as its exp) and in its separate
+    backward (reduction none); not finite in some columns and NaN in others."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(6, 4, dtype=dtype, generator=g)
+    W = torch.randn(10, 4, dtype=dtype, generator=g)
+    b = torch.randn(10, dtype=dtype, generator=g)
+    b[3] = float("inf")
+    target = torch.tensor([0, 1, 2, 5, 7, 9])
+    xr, Wr, br = (t.detach().clone().double().requires_grad_() for t in (x, W, b))
+    torch.nn.functional.cross_entropy(torch.nn.functional.linear(xr, Wr, br), target,
+                                      reduction="sum").backward()
+    for reduction in ("sum", "none"):
+        xs, Ws, bs = (t.clone().requires_grad_() for t in (x, W, b))
+        loss = ts.nn.functional.parallel_linear_cross_entropy(xs, Ws, bs, target, reduction=reduction)
+        loss.sum().backward()
+        for mine, theirs in ((xs, xr), (Ws, Wr), (bs, br)):
+            assert torch.equal(mine.grad.isnan(), theirs.grad.isnan()), (reduction, mine.grad, theirs.grad)
+            torch.testing.assert_close(mine.grad.double().nan_to_num(), theirs.grad.nan_to_num(),
+                                       rtol=1e-5, atol=1e-5)
+
+
 def test_gradients_in_forward_only_what_autograd_needs(world_of_one):
     """A frozen classifier (only the input needs a gradient) and a frozen
     input (only the weight does), each against the reference; everything

@@ -98,8 +98,8 @@ void accumulate_rows(const at::Tensor& logits, int64_t col_begin, const at::Tens
   }
 }
 
-// `stats` defined: the values are exp(x - shift) as accumulate_rows left them
-// with `leave_exp`, and `stats` what it wrote.
+// `stats` defined: the values are exp(x - exp_shift(max)) as accumulate_rows
+// left them with `leave_exp`, and `stats` what it wrote.
 template <typename scalar_t, typename acc_t>
 void softmax_grad_rows(const at::Tensor& values, int64_t col_begin, const at::Tensor& target_local,
                        const at::Tensor& weight_local, const at::Tensor& coefs,
@@ -119,13 +119,14 @@ void softmax_grad_rows(const at::Tensor& values, int64_t col_begin, const at::Te
     const at::Tensor c = coefs.narrow(0, row0, n);
     const at::Tensor grad_scale = c.select(1, kCoefGradScale);
     if (stats.defined()) {
-      // exp(x - lse) = exp(x - shift) exp(shift - lse), the second a factor
-      // per row. Where the max is +inf so is lse: the factor is then taken as
-      // 1, which gives the row's finite logits 0 as exp(x - lse) does.
-      const at::Tensor shift = exp_shift(stats.select(1, kRowMax).narrow(0, row0, n));
-      const at::Tensor factor = at::where(
-          at::isposinf(shift), grad_scale,
-          (shift - c.select(1, kCoefLse) - c.select(1, kCoefLseRemainder)).exp_() * grad_scale);
+      // exp(x - lse) = exp(x - m) exp(m - lse), the second a factor per row,
+      // from the max itself: a row all -inf here holds exp(-inf - 0) = 0 and
+      // gets factor exp(-inf - lse) = 0, not the exp(0 - lse) of its shift,
+      // which overflows where lse < -88 (float32); a +inf max makes lse NaN
+      // (its sum-exp is), and so the row, as exp(x - lse) does.
+      const at::Tensor row_max = stats.select(1, kRowMax).narrow(0, row0, n);
+      const at::Tensor factor =
+          (row_max - c.select(1, kCoefLse) - c.select(1, kCoefLseRemainder)).exp_() * grad_scale;
       g.mul_(factor.unsqueeze(1));
     } else {
       g.sub_(c.select(1, kCoefLse).unsqueeze(1))
