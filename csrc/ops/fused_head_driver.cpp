@@ -114,9 +114,10 @@ class TileGradients {
     if (grads_.input.defined()) grad_x = grads_.input.narrow(0, row_begin, x.size(0));
     if (chunk.values.scalar_type() == x.scalar_type()) {
       if (grad_x.defined()) head_.add_input_gradient(grad_x, chunk.values, begin, width, chunk);
-      // The last tile's input gradient is whole here: its sum over the ranks
-      // travels during the weight gradient's GEMM, where the ranks' uneven
-      // pace is absorbed instead of waited for.
+      // Each rank's columns contribute a part of the input gradient, whole
+      // after the last tile's GEMM: its sum over the ranks travels during the
+      // weight gradient's GEMM, where the ranks' uneven pace is absorbed
+      // instead of waited for.
       if (last_tile) join_input_sum();
       add_weight_product(&chunk, chunk.values, x, begin, width, first_rows, last_rows);
     } else {
@@ -133,9 +134,6 @@ class TileGradients {
                            last_rows);
       }
     }
-    // Each rank's columns contribute a part of the input gradient; the sum
-    // travels while the rest of this rank's work goes on.
-    if (last_tile) join_input_sum();  // (at once where already joined above)
   }
 
   // Every rank joins the input gradient's sum once, with columns or without.

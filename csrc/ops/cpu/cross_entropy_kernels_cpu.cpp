@@ -48,8 +48,9 @@ void fold_targets(const at::Tensor& x, int64_t row0, int64_t col_begin, const in
   }
 }
 
-// exp(x - m) where m is a row's max, 0 where that is -inf: a row whose
-// logits are all -inf keeps max -inf and sum 0, and (-inf) - (-inf) stays out.
+// The shift of a row's exp(x - shift): its max, or 0 where that is -inf (a
+// row whose logits are all -inf keeps max -inf and sum 0, and (-inf) - (-inf)
+// stays out).
 at::Tensor exp_shift(const at::Tensor& row_max) {
   return at::where(at::isneginf(row_max), at::zeros_like(row_max), row_max);
 }
