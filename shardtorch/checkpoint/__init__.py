@@ -8,11 +8,14 @@
 - save_sharded / load_sharded: each rank writes its own shards with metadata
   (and the optimizer's, given ``optimizer=``); the loader reshards to any group
   size (models too big to gather).
+- save_pretrained: a Hugging Face checkpoint of the unsharded model, written
+  tensor by tensor (``model.save_pretrained`` of a parallelized model calls it).
 - save_dcp / load_dcp / dcp_state_dict: the same through
   torch.distributed.checkpoint, shards described as ShardedTensors.
 """
 from .collect import collect_state_dict
 from .dcp import dcp_state_dict, load_dcp, save_dcp
+from .pretrained_save import SavePretrainedError, save_pretrained
 from .optimizer import (OptimizerStateMismatchError, collect_optimizer_state_dict,
                         load_sharded_optimizer_state_dict, relocate_optimizer_state_dict)
 from .relocate import relocate_state_dict
@@ -25,4 +28,4 @@ __all__ = ["collect_state_dict", "relocate_state_dict", "collect_optimizer_state
            "relocate_optimizer_state_dict", "load_sharded_optimizer_state_dict", "OptimizerStateMismatchError",
            "save_sharded", "load_sharded",
            "load_sharded_state_dict", "CheckpointMismatchError", "CheckpointFormatError",
-           "SaveFailedError", "dcp_state_dict", "save_dcp", "load_dcp"]
+           "SaveFailedError", "dcp_state_dict", "save_dcp", "load_dcp", "save_pretrained", "SavePretrainedError"]

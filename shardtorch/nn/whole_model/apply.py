@@ -15,6 +15,7 @@ from .layers import (ColumnProjection, ReplicatedKeyValue, RowProjection, Shared
                      scatter_sequence_before)
 from .plan import auto_plan, check_plan, unplaced
 from .report import parameter_bytes, print_report
+from .saving import save_unsharded_checkpoints
 from .vocabulary import install_loss, tie, vocabulary_parallel
 
 
@@ -43,7 +44,9 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
     The model's own forward runs unchanged: each attention's head-count
     attributes are set to its local heads. A bad plan raises ValueError on
     every rank before any collective. A Hugging Face causal LM called with
-    ``labels=`` then computes the vocabulary-parallel loss from the shards.
+    ``labels=`` then computes the vocabulary-parallel loss from the shards. A
+    Hugging Face model's ``save_pretrained`` (called on every rank) then writes
+    the unsharded model's checkpoint (shardtorch.checkpoint.save_pretrained).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"parallelize: model must be a torch.nn.Module, got {type(model).__name__}")
@@ -100,6 +103,7 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
             draw_dropout_from_model_parallel_stream(modules[name])
     tie(model, replaced)
     register_ddp_parameters_to_ignore(model)
+    save_unsharded_checkpoints(model)
     head = _parallel_head(model)
     loss = install_loss(model, head, group) if head is not None else None
     left = unplaced(model)

@@ -244,8 +244,9 @@ class ReplicatedKeyValue(nn.Module):
         self.weight = source.weight
         self.bias = source.bias
         rows = [h * head_dim + i for h in kv_heads for i in range(head_dim)]
-        self.register_buffer("rows", torch.tensor(rows, dtype=torch.long, device=source.weight.device),
-                             persistent=False)
+        # An index computed from shapes: real even when the weight is on the meta device (built to be loaded).
+        device = "cpu" if source.weight.is_meta else source.weight.device
+        self.register_buffer("rows", torch.tensor(rows, dtype=torch.long, device=device), persistent=False)
         self.kv_heads = list(kv_heads)
         self.in_features, self.out_features = source.in_features, len(rows)
         self._shared = shared

@@ -1,0 +1,211 @@
+"""Building a model without its large tensors, and recording how its own init fills them.
+
+``build_recorded(factory)`` runs the model's own construction (its modules'
+``reset_parameters``, Hugging Face's ``post_init`` / ``_init_weights``) with
+every tensor created from a size (``empty``, ``zeros``, ``ones``, ``full``,
+``rand``, ``randn`` and their ``new_`` / ``_like`` forms: every parameter of
+torch's and transformers' layers) on the meta device: such tensors hold no
+memory, and every write into them (``normal_``, ``uniform_``, ``zero_``,
+``fill_``, ``copy_`` from a real tensor, ...) is recorded in order with the
+state of the random generator it would draw from. Tensors computed from real
+values (``arange`` and what follows: rotary frequencies, position ids) stay
+real, exactly as the model builds them.
+
+With ``consume_random=True`` each draw into a meta tensor also advances the
+generator as drawing the whole tensor would (in bounded chunks, see
+init_replay.draw_pieces), so any real tensor drawn after it gets the numbers
+the unsharded model's gets, and the recorded generator states are the ones the
+unsharded model's own draws start from. ``init_replay`` later replays the
+record into each rank's slices.
+
+The record is kept by a TorchDispatchMode (every aten op of the construction
+passes it): in-place writes to meta tensors, random factories (``randn``) and
+where each meta storage came from. A meta storage made by computation
+(``torch.randn(n) * 0.02``, ``orthogonal_``'s QR) holds values no slice can be
+drawn for: the replay refuses it by name unless a later whole write replaces
+them.
+"""
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+aten = torch.ops.aten
+
+# In-place random fills: a write that reads nothing of the old values.
+RANDOM_WRITES = {aten.uniform_, aten.normal_, aten.bernoulli_, aten.random_, aten.exponential_,
+                 aten.log_normal_, aten.cauchy_, aten.geometric_}
+# Writes that replace every element they cover without reading them.
+OVERWRITES = RANDOM_WRITES | {aten.fill_, aten.zero_, aten.copy_}
+# Random factories, as the in-place fill of an empty tensor they equal.
+RANDOM_FACTORIES = {aten.randn: (aten.normal_.default, (0.0, 1.0)), aten.rand: (aten.uniform_.default, (0.0, 1.0))}
+_SIZED_FACTORIES = {aten.empty, aten.zeros, aten.ones, aten.full, aten.rand, aten.randn, aten.empty_strided}
+_NEW_FACTORIES = {aten.new_empty, aten.new_zeros, aten.new_ones, aten.new_full, aten.new_empty_strided}
+_LIKE_FACTORIES = {aten.empty_like, aten.zeros_like, aten.ones_like, aten.full_like, aten.rand_like,
+                   aten.randn_like}
+_FILLS = {aten.zeros: 0.0, aten.ones: 1.0, aten.zeros_like: 0.0, aten.ones_like: 1.0, aten.new_zeros: 0.0,
+          aten.new_ones: 1.0}
+
+
+def storage_key(tensor: torch.Tensor) -> int:
+    """Identifies the storage ``tensor`` views (stable while the storage lives; the record keeps it alive)."""
+    return tensor.untyped_storage()._cdata
+
+
+@dataclass
+class Write:
+    """One recorded write into a meta tensor: ``func(*args, **kwargs)`` with
+    ``args[0]`` the written view; ``rng_state`` the state of the generator it
+    draws from (random writes only), ``generator`` that generator (None: the
+    default CPU generator)."""
+    func: Any
+    args: tuple
+    kwargs: dict
+    rng_state: Optional[torch.Tensor] = None
+    generator: Optional[torch.Generator] = None
+
+    @property
+    def target(self) -> torch.Tensor:
+        return self.args[0]
+
+    @property
+    def random(self) -> bool:
+        return self.func.overloadpacket in RANDOM_WRITES
+
+    @property
+    def overwrites(self) -> bool:
+        return self.func.overloadpacket in OVERWRITES
+
+
+@dataclass
+class InitRecord:
+    """What the construction wrote into its meta tensors, in order, per storage."""
+    writes: Dict[int, List[Write]] = field(default_factory=dict)
+    origin: Dict[int, str] = field(default_factory=dict)  # "empty" | "computed by <op>"
+    copied: Dict[int, torch.Tensor] = field(default_factory=dict)  # storage made as a copy of this tensor
+    keep: List[torch.Tensor] = field(default_factory=list)  # keeps recorded storages (and their keys) alive
+
+
+def _is_factory(func) -> bool:
+    """An op that creates a tensor from a size (or another tensor's size) alone."""
+    packet = func.overloadpacket
+    return packet in _SIZED_FACTORIES or packet in _NEW_FACTORIES or packet in _LIKE_FACTORIES
+
+
+def _generator_of(kwargs) -> Optional[torch.Generator]:
+    generator = kwargs.get("generator")
+    return generator if isinstance(generator, torch.Generator) else None
+
+
+def _written_tensors(func, args, kwargs) -> List[torch.Tensor]:
+    written = []
+    for position, argument in enumerate(func._schema.arguments):
+        if argument.alias_info is None or not argument.alias_info.is_write:
+            continue
+        value = kwargs.get(argument.name) if argument.kwarg_only or position >= len(args) else args[position]
+        if isinstance(value, torch.Tensor):
+            written.append(value)
+    return written
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self, record: InitRecord, consume_random: bool) -> None:
+        super().__init__()
+        self.record, self.consume_random = record, consume_random
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        factory = _is_factory(func)
+        if factory:
+            kwargs["device"] = torch.device("meta")
+        for tensor in _written_tensors(func, args, kwargs):
+            if tensor.is_meta:
+                self._write(func, args, kwargs)
+                break
+        known = {storage_key(t) for t in _tensors(args, kwargs) if t.is_meta}
+        out = func(*args, **kwargs)
+        for tensor in _tensors((out,), {}):
+            if tensor.is_meta and storage_key(tensor) not in known and storage_key(tensor) not in self.record.origin:
+                self._created(func, args, kwargs, tensor, factory)
+        return out
+
+    def _write(self, func, args, kwargs) -> None:
+        generator = _generator_of(kwargs)
+        write = Write(func, args, kwargs, generator=generator)
+        if write.random:
+            write.rng_state = (generator or torch.default_generator).get_state()
+            if self.consume_random:
+                from .init_replay import consume_like
+                consume_like(write)
+        key = storage_key(write.target)
+        self.record.writes.setdefault(key, []).append(write)
+        self.record.keep.append(write.target)
+
+    def _created(self, func, args, kwargs, tensor, factory: bool) -> None:
+        key = storage_key(tensor)
+        self.record.keep.append(tensor)
+        packet = func.overloadpacket
+        if not factory:
+            source = _copied_from(func, args, tensor)
+            if source is not None:
+                self.record.copied[key] = source
+            self.record.origin[key] = f"computed by {packet.__name__}"
+            return
+        self.record.origin[key] = "empty"
+        if packet in RANDOM_FACTORIES:
+            fill, fill_args = RANDOM_FACTORIES[packet]
+            self._write(fill, (tensor,) + fill_args, {"generator": kwargs.get("generator")})
+        elif packet in _FILLS or packet in (aten.full, aten.new_full, aten.full_like):
+            value = _FILLS.get(packet)
+            if value is None:
+                value = args[2] if packet is aten.new_full else args[1]
+            self.record.writes.setdefault(key, []).append(Write(aten.fill_.Scalar, (tensor, value), {}))
+        elif packet not in (aten.empty, aten.empty_strided, aten.new_empty, aten.new_empty_strided,
+                            aten.empty_like):
+            self.record.origin[key] = f"computed by {packet.__name__}"
+
+
+# Ops whose output holds its input's values (maybe in another dtype): clones, casts, a padding of nothing
+# (transformers' tie_weights pads a tied head's bias to the vocabulary size).
+_VALUE_COPIES = {aten.clone, aten._to_copy, aten.lift_fresh_copy, aten.alias_copy, aten.detach_copy}
+
+
+def _copied_from(func, args, out: torch.Tensor) -> Optional[torch.Tensor]:
+    """The meta tensor whose values ``out`` (made by ``func``) holds, or None."""
+    packet = func.overloadpacket
+    source = args[0] if args and isinstance(args[0], torch.Tensor) else None
+    if source is None or not source.is_meta or tuple(source.shape) != tuple(out.shape):
+        return None
+    if packet in _VALUE_COPIES or (packet is aten.constant_pad_nd and not any(args[1])):
+        return source
+    return None
+
+
+def _tensors(args, kwargs):
+    found = []
+
+    def visit(value):
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                visit(item)
+        elif isinstance(value, dict):
+            for item in value.values():
+                visit(item)
+    visit(args)
+    visit(kwargs)
+    return found
+
+
+def build_recorded(factory: Callable[[], torch.nn.Module], consume_random: bool) -> Tuple[torch.nn.Module,
+                                                                                         InitRecord]:
+    """(the model ``factory()`` builds, its large tensors on the meta device,
+    and the record of what its construction wrote into them)."""
+    record = InitRecord()
+    with _Recorder(record, consume_random):
+        model = factory()
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"the model factory must return a torch.nn.Module, got {type(model).__name__}")
+    return model, record
