@@ -33,6 +33,9 @@ _UNITS = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MI
           "TIB": 2**40, "B": 1}
 
 
+_PARTIAL = ".partial"  # a file being written; renamed to its name once complete
+
+
 class SavePretrainedError(RuntimeError):
     """Writing the checkpoint failed (on rank 0); every rank raises it."""
 
@@ -120,6 +123,10 @@ def save_pretrained(model: nn.Module, save_directory, max_shard_size="50GB", sta
         del full
     for handle, _ in handles:
         handle.close()
+        if problem is None:
+            # Replacing the finished file (never truncating the old one in place) keeps a model that maps the
+            # old file (from_pretrained's copy-on-write maps) valid, and a failed save leaves the old checkpoint.
+            os.replace(handle.name, handle.name[:-len(_PARTIAL)])
     agree_on_problems(problem, "save_pretrained: ", error=SavePretrainedError)
 
 
@@ -143,7 +150,7 @@ def _open_files(model: nn.Module, folder: str, plan) -> List[Tuple[object, Dict[
     handles = []
     for name, tensors in zip(names, plan):
         header, offsets = build_header(tensors, {"format": "pt"})
-        handle = open(os.path.join(folder, name), "wb")
+        handle = open(os.path.join(folder, name + _PARTIAL), "wb")
         handle.write(header)
         handles.append((handle, offsets))
     return handles

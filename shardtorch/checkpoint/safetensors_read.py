@@ -8,6 +8,7 @@ buffer. Otherwise (columns of a matrix), whole rows of the file are read a
 bounded block at a time and the pieces copied out of it. A destination of
 another dtype or device goes through the same bounded block.
 """
+import mmap
 import os
 from typing import List, Optional, Sequence, Tuple
 
@@ -101,3 +102,19 @@ def _staged(fd: int, target: torch.Tensor, start: int, entry: TensorEntry, eleme
         take = min(step, target.numel() - first)
         _pread_into(fd, block[:take], start + first * element, entry.path)
         target[first:first + take].copy_(block[:take])
+
+
+def map_run(entry: TensorEntry, shape: Sequence[int], first: int) -> torch.Tensor:
+    """A CPU tensor of ``shape`` (the file's dtype) over the file's bytes from
+    element ``first`` of ``entry`` on, mapped copy-on-write: pages are read
+    from the file only when touched, stay shared page cache while only read
+    (ranks on one node share them), and become the process's own when written
+    (an optimizer step). Nothing is read now."""
+    count = _product(shape)
+    start = entry.start + first * entry.dtype.itemsize
+    aligned = start - start % mmap.ALLOCATIONGRANULARITY
+    length = start - aligned + count * entry.dtype.itemsize
+    with open(entry.path, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), length, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE,
+                           offset=aligned)
+    return torch.frombuffer(mapped, dtype=entry.dtype, count=count, offset=start - aligned).view(tuple(shape))

@@ -4,7 +4,7 @@
 biases, the buffers the model computed), so only meta tensors are replaced;
 a parameter shared by several modules (a tied LM head) stays one parameter.
 """
-from typing import Dict, List
+from typing import Callable, Dict, List, Optional
 
 import torch
 from torch import nn
@@ -17,9 +17,11 @@ def named_tensors(model: nn.Module) -> Dict[str, torch.Tensor]:
     return tensors
 
 
-def materialize(model: nn.Module, device) -> List[str]:
+def materialize(model: nn.Module, device,
+                provide: Optional[Callable[[torch.Tensor], Optional[torch.Tensor]]] = None) -> List[str]:
     """Replaces every meta parameter and buffer of ``model`` by an empty tensor
-    of its shape and dtype on ``device``; returns the names that were meta."""
+    of its shape and dtype on ``device``, or by ``provide(meta tensor)`` where
+    that gives one; returns the names that were meta."""
     device = torch.device(device)
     replaced: Dict[int, torch.Tensor] = {}
     for module in model.modules():
@@ -29,7 +31,9 @@ def materialize(model: nn.Module, device) -> List[str]:
                     continue
                 new = replaced.get(id(tensor))
                 if new is None:
-                    empty = torch.empty(tensor.shape, dtype=tensor.dtype, device=device)
+                    empty = provide(tensor) if provide is not None else None
+                    if empty is None:
+                        empty = torch.empty(tensor.shape, dtype=tensor.dtype, device=device)
                     new = nn.Parameter(empty, requires_grad=tensor.requires_grad) if isinstance(
                         tensor, nn.Parameter) else empty
                     replaced[id(tensor)] = new

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ...checkpoint.pretrained_files import checkpoint_entries
-from ...checkpoint.safetensors_read import read_pieces
+from ...checkpoint.safetensors_read import map_run, read_pieces
 from ...distributed import state
 from ...utils.shard_facts import named_parameter_shards
 from .apply import parallelize
@@ -29,8 +29,8 @@ from .model_source import default_dtype, resolve_dtype, source_from_config, sour
 
 
 def from_pretrained(model, path=None, *, dtype="auto", plan="auto", group: str = state.TENSOR_PARALLEL,
-                    sequence_parallel: bool = False, verbose: bool = False, device="cpu", config=None,
-                    **config_overrides) -> nn.Module:
+                    sequence_parallel: bool = False, verbose: bool = False, device="cpu", mmap: bool = True,
+                    config=None, **config_overrides) -> nn.Module:
     """A parallelized model whose parameters each rank reads from a Hugging
     Face checkpoint folder, only its own slices: no rank ever holds the whole
     model (peak memory: its shards plus one bounded read block).
@@ -47,6 +47,12 @@ def from_pretrained(model, path=None, *, dtype="auto", plan="auto", group: str =
             checkpoint's), a torch.dtype or its name.
         plan, group, sequence_parallel, verbose: as ``ts.nn.parallelize``.
         device: where the shards are allocated and read to.
+        mmap: on the CPU, a parameter whose slice is one run of the file in
+            its own dtype (a whole tensor, rows of a matrix) maps the file
+            copy-on-write instead of reading it: its pages are read when first
+            touched, stay shared page cache while only read (ranks on one
+            node share them), and become the rank's own once written (an
+            optimizer step). False: every slice is read into memory now.
         config: a config to use instead of the folder's; ``config_overrides``
             set attributes of the folder's config (``attn_implementation=...``).
 
@@ -84,9 +90,22 @@ def from_pretrained(model, path=None, *, dtype="auto", plan="auto", group: str =
         return built, record, originals, keys, entries, missing, unexpected
 
     built, record, originals, keys, entries, missing, unexpected = _agreed(prepare, who)
-    meta = set(materialize(built, device))
+    reads = _read_plan(built, keys, entries)
+    mapped = {}
+
+    def provide(meta_tensor):
+        read = reads.get(id(meta_tensor))
+        if not mmap or read is None or not isinstance(meta_tensor, nn.Parameter) or torch.device(device).type != "cpu":
+            return None
+        run = read.run(meta_tensor)
+        if run is None:
+            return None
+        mapped[id(meta_tensor)] = True
+        return map_run(read.entry, tuple(meta_tensor.shape), run)
+
+    meta = set(_agreed(lambda: materialize(built, device, provide), who))
     persistent = list(built.state_dict(keep_vars=True).keys())
-    loaded = _agreed(lambda: _read_slices(built, persistent, keys, entries), who)
+    loaded = _agreed(lambda: _read_slices(built, reads, mapped), who)
     to_initialise = [name for name in persistent if name not in loaded and name in meta]
     computed = [name for name in meta if name not in persistent and name not in loaded]
     generator = _agreed_generator()
@@ -219,38 +238,75 @@ def _tied_names(model: nn.Module) -> Dict[str, List[str]]:
     return {name: [n for n in names if n != name] for names in by_tensor.values() for name in names}
 
 
-def _read_slices(model: nn.Module, persistent: List[str], keys: Dict[str, str], entries) -> set:
-    """Reads every tensor the checkpoint has into ``model`` (its slices where
-    sharded), each tensor once; returns the names it filled (all names of a
-    tied tensor)."""
+class _Read:
+    """Where one tensor of the model comes from: the file's tensor ``entry``,
+    its slices ``pieces`` along ``dim`` (None: whole), under ``names``."""
+
+    def __init__(self, entry, dim, pieces, names):
+        self.entry, self.dim, self.pieces, self.names = entry, dim, pieces, names
+
+    def run(self, tensor: torch.Tensor) -> Optional[int]:
+        """The first element of the file's tensor from which ``tensor`` lies as
+        one run of the file's bytes in its own dtype (so that it can be
+        mapped); None where it does not."""
+        if tensor.dtype != self.entry.dtype or tensor.numel() == 0:
+            return None
+        if self.dim is None:
+            return 0
+        outer = 1
+        for n in self.entry.shape[:self.dim]:
+            outer *= n
+        if outer != 1 or len(self.pieces) != 1:
+            return None
+        inner = tensor.numel() // max(tensor.shape[self.dim], 1)
+        return self.pieces[0][0] * inner
+
+
+def _read_plan(model: nn.Module, keys: Dict[str, str], entries) -> Dict[int, _Read]:
+    """{id(tensor): _Read} for every tensor of the (parallelized, meta) model
+    that the checkpoint holds, each tensor once (a tied tensor under all its names)."""
     specs = {name: spec for name, _, spec in named_parameter_shards(model)}
     tensors = named_tensors(model)
     names_of: Dict[int, List[str]] = {}
-    for name in persistent:
+    for name in model.state_dict(keep_vars=True):
         names_of.setdefault(id(tensors[name]), []).append(name)
+    plan = {}
+    for ident, names in names_of.items():
+        source = next((n for n in names if n in keys), None)
+        if source is None:
+            continue
+        entry = entries[keys[source]]
+        spec = specs.get(source)
+        dim = pieces = None
+        if spec is not None:
+            size, rank = state.get_group_size(spec.group), state.get_group_rank(spec.group)
+            dim, pieces = spec.dim, spec.pieces(entry.shape[spec.dim], size, rank)
+        plan[ident] = _Read(entry, dim, pieces, names)
+    return plan
+
+
+def _read_slices(model: nn.Module, reads: Dict[int, _Read], mapped: Dict[int, bool]) -> set:
+    """Reads every planned tensor not mapped (``mapped``: ids of the meta
+    tensors they replaced) into ``model``; returns the names filled (mapped
+    ones included)."""
+    tensors = named_tensors(model)
     loaded = set()
     descriptors: Dict[str, int] = {}
     try:
-        for names in names_of.values():
-            source = next((n for n in names if n in keys), None)
-            if source is None:
+        for ident, read in reads.items():
+            loaded.update(read.names)
+            if ident in mapped:
                 continue
-            entry = entries[keys[source]]
-            if entry.path not in descriptors:
-                descriptors[entry.path] = os.open(entry.path, os.O_RDONLY)
-            tensor = tensors[source]
-            spec = specs.get(source)
+            path = read.entry.path
+            if path not in descriptors:
+                descriptors[path] = os.open(path, os.O_RDONLY)
+            tensor = tensors[read.names[0]]
             with torch.no_grad():
-                target = tensor if tensor.is_contiguous() else torch.empty_like(tensor, memory_format=torch.contiguous_format)
-                if spec is None:
-                    read_pieces(entry, target, fd=descriptors[entry.path])
-                else:
-                    size, rank = state.get_group_size(spec.group), state.get_group_rank(spec.group)
-                    pieces = spec.pieces(entry.shape[spec.dim], size, rank)
-                    read_pieces(entry, target, spec.dim, pieces, fd=descriptors[entry.path])
+                target = tensor if tensor.is_contiguous() else torch.empty_like(
+                    tensor, memory_format=torch.contiguous_format)
+                read_pieces(read.entry, target, read.dim, read.pieces, fd=descriptors[path])
                 if target is not tensor:
                     tensor.copy_(target)
-            loaded.update(names)
     finally:
         for fd in descriptors.values():
             os.close(fd)
