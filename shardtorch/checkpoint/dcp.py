@@ -26,7 +26,7 @@ import torch
 from .dtensor_entries import in_model_form, whole_shard
 from .layout import model_layout
 from .optimizer.dcp import dcp_optimizer_entries, load_dcp_optimizer_state_dict
-from .sharded_tensor import as_sharded_tensor
+from .sharded_tensor import as_sharded_tensor, copy_back
 
 
 def dcp_state_dict(model: torch.nn.Module, state_dict: Optional[dict] = None) -> dict:
@@ -73,6 +73,9 @@ def load_dcp(model: torch.nn.Module, checkpoint_id: str,
     import torch.distributed.checkpoint as dcp  # at first use (module doc)
 
     dcp.load(wrapped, checkpoint_id=checkpoint_id)
+    for key, entry in layout.items():
+        if entry.sharded:  # pieces that are not contiguous views of the shard were loaded into copies
+            copy_back(wrapped[key], plain[key], entry)
     # Also the entries DCP replaced rather than filled in place; cut back into
     # DTensors under fully_shard.
     model.load_state_dict({key: in_model_form(plain[key] if layout[key].sharded else wrapped[key], layout[key].fsdp)

@@ -56,9 +56,7 @@ class EntryLayout:
         if not self.contiguous:
             raise NotImplementedError(
                 f"state dict entry {self.key!r} is split by whole heads ({self.blocks} fused part(s) of "
-                f"{self.unit}-element heads, ts.nn.parallelize), not in one slice per rank: torch.distributed."
-                f"checkpoint (DCP) of such entries is not supported yet; use ts.save_sharded / ts.load_sharded, "
-                f"or ts.collect_state_dict and ts.relocate_state_dict")
+                f"{self.unit}-element heads, ts.nn.parallelize), not in one slice per rank: use pieces_of")
         start, stop = shard_range(self.full_shape[self.dim], self.group_size, group_rank)
         return start, stop - start
 

@@ -93,6 +93,8 @@ def register_shard(module: nn.Module, name: str, dim: int, full_size: int,
                          f"({blocks} x {unit}) for {name!r}")
     specs = module.__dict__.setdefault(_SPECS_ATTR, {})
     specs[name] = ShardSpec(dim, full_size, group, blocks, unit)
+    from .dcp_marks import track  # its state-dict entries tell torch.distributed.checkpoint their place
+    track(module, name, specs[name])
 
 
 def unregister_shard(module: nn.Module, name: str) -> None:

@@ -9,7 +9,7 @@ from typing import Dict
 import torch
 
 from ..layout import EntryLayout
-from ..sharded_tensor import as_sharded_tensor
+from ..sharded_tensor import as_sharded_tensor, copy_back
 from .checks import checked_params, plan_on_one_rank
 from .entries import optimizer_entries, plan_from_meta
 from .plan import in_model_forms, load_state
@@ -54,15 +54,19 @@ def load_dcp_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim
         return plan_from_meta(params, optimizer, meta, meta["shapes"], strict)
 
     plan = plan_on_one_rank(0, make_plan, f"{what}: optimizer state")
-    placeholders = {}
+    placeholders, locals_ = {}, {}
 
     def placeholder(entry, index, key):
         local = torch.empty(entry.local_shape, dtype=entry.dtype, device=entry.device)
         placeholders[entry.key] = as_sharded_tensor(local, entry) if entry.sharded else local
+        locals_[entry.key] = (local, entry)
         return local
 
     result = load_state(params, plan, placeholder)
     dcp.load(placeholders, checkpoint_id=checkpoint_id)
+    for key, (local, entry) in locals_.items():
+        if entry.sharded:  # pieces that are not contiguous views of the shard were loaded into copies
+            copy_back(placeholders[key], local, entry)
     for index, out in result["state"].items():  # DCP may replace plain tensors rather than fill them
         for key, (kind, _) in plan["state"][index].items():
             if kind == "replicated":

@@ -9,6 +9,8 @@ from typing import Callable, Dict, List, Optional
 import torch
 from torch import nn
 
+from ...utils.dcp_marks import track_parameters
+
 
 def named_tensors(model: nn.Module) -> Dict[str, torch.Tensor]:
     """{name: tensor} of every parameter and buffer, under every name it has (tied ones too)."""
@@ -38,4 +40,6 @@ def materialize(model: nn.Module, device,
                         tensor, nn.Parameter) else empty
                     replaced[id(tensor)] = new
                 table[name] = new
-    return [name for name, tensor in named_tensors(model).items() if id(tensor) in {id(t) for t in replaced.values()}]
+    track_parameters(model)
+    made = {id(t) for t in replaced.values()}
+    return [name for name, tensor in named_tensors(model).items() if id(tensor) in made]

@@ -1,0 +1,147 @@
+"""State-dict entries that tell torch.distributed.checkpoint where they sit in the whole tensor.
+
+torch's ``get_state_dict`` / ``set_state_dict`` and ``dcp.save`` / ``dcp.load``
+(what torchtitan and the rest of the ecosystem use) treat a plain tensor as a
+replicated one: each rank's shard of a parallel layer would be saved under the
+same key as if all were copies of one tensor, and DCP would keep one rank's.
+torch (2.14 and later) reads four attributes of a plain tensor as its place
+in the whole (``torch.distributed.checkpoint.protocol.CheckpointableTensor``):
+the whole shape, and per piece its offsets in the whole and in the local
+tensor and its sizes. A rank may hold several pieces (heads from each part of
+a fused q/k/v projection), so each piece is described.
+
+So every module that records a shard (``register_shard``) gets a state-dict
+hook that sets these attributes on its sharded entries (each call of
+``state_dict()`` makes new tensor objects), and every optimizer that steps
+parameters which are shards gets a state-dict hook that sets them on the
+state tensors of those parameters (momentum, Adam's moments), found through
+the parameters' shard facts. DCP then saves each piece once, under its offsets,
+and loads any group size's pieces from any other's: resharding is DCP's own.
+With an older torch the attributes are set and ignored; ``ts.checkpoint.save_dcp``
+works there (it describes the same pieces as ShardedTensors).
+"""
+import weakref
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+class _ByIdentity:
+    """{tensor: value} by identity, holding the tensors weakly (a tensor's == is element-wise, so
+    WeakKeyDictionary cannot key by it)."""
+
+    def __init__(self):
+        self._items = {}
+
+    def __setitem__(self, tensor, value):
+        key = id(tensor)
+        self._items[key] = (weakref.ref(tensor, lambda _, key=key: self._items.pop(key, None)), value)
+
+    def get(self, tensor, default=None):
+        item = self._items.get(id(tensor))
+        return item[1] if item is not None and item[0]() is tensor else default
+
+
+_PARAMETERS = _ByIdentity()  # parameter -> its ShardSpec
+_HOOKED = "_shardtorch_dcp_marks"
+_optimizer_hook_installed = False
+
+
+def mark(tensor: torch.Tensor, full_shape: Sequence[int], dim: int, pieces: List[Tuple[int, int]]) -> None:
+    """Sets the CheckpointableTensor attributes of ``tensor``, which holds
+    ``pieces`` [(offset, length)] along ``dim`` of a tensor of ``full_shape``."""
+    global_offsets, local_offsets, local_sizes = [], [], []
+    at = 0
+    for offset, length in pieces:
+        if length == 0:
+            continue
+        whole = [0] * len(full_shape)
+        whole[dim] = offset
+        local = [0] * len(full_shape)
+        local[dim] = at
+        size = list(full_shape)
+        size[dim] = length
+        global_offsets.append(tuple(whole))
+        local_offsets.append(tuple(local))
+        local_sizes.append(tuple(size))
+        at += length
+    tensor.global_shape = tuple(full_shape)
+    tensor.global_offsets = tuple(global_offsets)
+    tensor.local_offsets = tuple(local_offsets)
+    tensor.local_sizes = tuple(local_sizes)
+
+
+def _place(tensor: torch.Tensor, spec) -> Optional[tuple]:
+    """(full shape, split dim, pieces) of ``tensor``, this rank's shard under ``spec``; None when not known."""
+    from ..distributed import state
+    from .fsdp_detection import is_dtensor
+    if spec.full_size is None or is_dtensor(tensor) or tensor.dim() <= spec.dim:
+        return None
+    full = list(tensor.shape)
+    full[spec.dim] = spec.full_size
+    pieces = spec.pieces(spec.full_size, state.get_group_size(spec.group), state.get_group_rank(spec.group))
+    if sum(length for _, length in pieces) != tensor.shape[spec.dim]:
+        return None
+    return tuple(full), spec.dim, pieces
+
+
+def _mark_module_entries(module, state_dict, prefix, local_metadata) -> None:
+    from .shard_facts import registered_shards
+    for name, spec in registered_shards(module).items():
+        param = module._parameters.get(name)
+        if param is not None:
+            _PARAMETERS[param] = spec
+        entry = state_dict.get(prefix + name)
+        if isinstance(entry, torch.Tensor):
+            place = _place(entry, spec)
+            if place is not None:
+                mark(entry, *place)
+
+
+def _mark_optimizer_state(optimizer, state_dict) -> None:
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    for index, values in state_dict.get("state", {}).items():
+        if not isinstance(index, int) or index >= len(params):
+            continue
+        param = params[index]
+        spec = _PARAMETERS.get(param)
+        if spec is None:
+            continue
+        place = _place(param, spec)
+        if place is None:
+            continue
+        for value in values.values():
+            if isinstance(value, torch.Tensor) and tuple(value.shape) == tuple(param.shape):
+                mark(value, *place)
+
+
+def _on_optimizer_step(optimizer, args, kwargs) -> None:
+    """Every optimizer that steps once shards exist gets the hook (it marks only the state of parameters
+    that are shards when its state dict is taken)."""
+    if not getattr(optimizer, _HOOKED, False):
+        optimizer.register_state_dict_post_hook(_mark_optimizer_state)
+        setattr(optimizer, _HOOKED, True)
+
+
+def track(module: torch.nn.Module, name: str, spec) -> None:
+    """Called when ``module`` records its parameter ``name`` as a shard."""
+    global _optimizer_hook_installed
+    param = module._parameters.get(name)
+    if param is not None:
+        _PARAMETERS[param] = spec
+    if not module.__dict__.get(_HOOKED, False):
+        module.register_state_dict_post_hook(_mark_module_entries)
+        module.__dict__[_HOOKED] = True
+    if not _optimizer_hook_installed:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+        register_optimizer_step_post_hook(_on_optimizer_step)
+        _optimizer_hook_installed = True
+
+
+def track_parameters(model: torch.nn.Module) -> None:
+    """Re-reads which parameter objects are shards (after they were replaced, e.g. materialized)."""
+    from .shard_facts import registered_shards
+    for module in model.modules():
+        for name, spec in registered_shards(module).items():
+            param = module._parameters.get(name)
+            if param is not None:
+                _PARAMETERS[param] = spec
