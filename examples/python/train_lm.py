@@ -3,6 +3,8 @@
     torchrun --nproc-per-node 2 examples/python/train_lm.py                  # 2 CPU processes, Gloo
     torchrun --nproc-per-node 2 examples/python/train_lm.py --fused-loss --sequence-parallel
     torchrun --nproc-per-node 4 examples/python/train_lm.py --tp 2 --dp 2 --fsdp
+    torchrun --nproc-per-node 2 examples/python/train_lm.py --save-pretrained out/lm     # then, at any size:
+    torchrun --nproc-per-node 3 examples/python/train_lm.py --from-pretrained out/lm --save-pretrained out/lm2
 
 The model is Hugging Face transformers' ``GPT2LMHeadModel`` built from a config
 (nothing is downloaded), parallelized in one call: attention split by whole
@@ -11,7 +13,9 @@ the token embedding and the tied LM head split by vocabulary, so that the
 logits stay sharded and the loss is shardtorch's vocabulary-parallel
 cross-entropy (``--fused-loss``: the linear cross-entropy that never forms the
 logits at all). ``--dp`` > 1 adds data parallelism over the remaining ranks:
-DDP, or FSDP2 with ``--fsdp``.
+DDP, or FSDP2 with ``--fsdp``. ``--save-pretrained`` writes the trained model
+as a Hugging Face checkpoint (the unsharded model's, tensor by tensor);
+``--from-pretrained`` starts from one, each rank reading only its slices.
 
 Data: the Python standard library's own source files, which every machine with
 Python has, split into train and held-out by file and tokenised with a
@@ -90,6 +94,13 @@ def build_parser():
     p.add_argument("--save-every", type=int, default=0, help="also save every N steps (default: only at the end)")
     p.add_argument("--resume", default=None,
                    help="directory of a checkpoint to resume from, saved at any --tp and --dp")
+    p.add_argument("--from-pretrained", default=None, metavar="DIR",
+                   help="start from a Hugging Face checkpoint folder (save_pretrained's, or --save-pretrained's at any "
+                        "--tp), each rank reading only its slices (ts.nn.from_pretrained); its config decides the "
+                        "model and the BPE vocabulary (--layers, --width, --heads and --vocab are ignored)")
+    p.add_argument("--save-pretrained", default=None, metavar="DIR",
+                   help="at the end, save the trained model as a Hugging Face checkpoint folder (config.json, "
+                        "model.safetensors) that transformers' from_pretrained and --from-pretrained load at any size")
     p.add_argument("--dump-params", default=None,
                    help="rank 0 saves the final unsharded state dict of the model (GPT2LMHeadModel's own) to this file")
     p.add_argument("--verbose-plan", action="store_true", help="print the parallelization plan and its shard shapes")
@@ -116,6 +127,20 @@ def parse_args(argv=None):
         parser.error(f"--eval-every must be 0 or a positive number of steps, got {args.eval_every}")
     if args.fsdp and args.dp == 1:
         parser.error("--fsdp shards over the data-parallel dimension: use it with --dp 2 or more")
+    if args.from_pretrained is not None:
+        config = os.path.join(args.from_pretrained, "config.json")
+        if not os.path.isfile(config):
+            parser.error(f"--from-pretrained {args.from_pretrained}: no config.json there (a save_pretrained folder)")
+        import json
+        with open(config) as f:
+            loaded = json.load(f)
+        if loaded.get("model_type") != "gpt2":
+            parser.error(f"--from-pretrained {args.from_pretrained}: a {loaded.get('model_type')!r} model; this "
+                         f"program trains GPT-2")
+        args.vocab, args.layers, args.width, args.heads = (loaded["vocab_size"], loaded["n_layer"], loaded["n_embd"],
+                                                           loaded["n_head"])
+        if args.seq_len > loaded["n_positions"]:
+            parser.error(f"--seq-len {args.seq_len} exceeds the checkpoint's {loaded['n_positions']} positions")
     return args
 
 
@@ -131,6 +156,14 @@ def make_model(args, vocab):
     model = GPT2LMHeadModel(config).to(getattr(torch, args.dtype))
     model.loss_type = "ForCausalLM"  # transformers reads it off the class name, which GPT2LMHeadModel's lacks
     return model
+
+
+def unsharded_bytes(model):
+    """Bytes of the unsharded model's parameters (each once), from the shards' whole shapes."""
+    from shardtorch.checkpoint.layout import model_layout
+    params = dict(model.named_parameters())
+    layout = model_layout(model, {name: p.detach() for name, p in params.items()})
+    return sum(math.prod(layout[name].full_shape) * p.element_size() for name, p in params.items())
 
 
 class CausalLMLoss(nn.Module):
@@ -173,10 +206,18 @@ def main(argv=None):
         print(f"data: {len(data.train):,} training tokens, {len(data.heldout):,} held-out tokens "
               f"(stdlib sources, BPE vocabulary {args.vocab:,}); tp {tp} x dp {replicas}", flush=True)
 
-    model = make_model(args, args.vocab)
-    unsharded_param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    model = ts.nn.parallelize(model, group="tp", sequence_parallel=args.sequence_parallel,
-                              verbose=args.verbose_plan)
+    if args.from_pretrained:
+        # Each rank reads its slices; no rank ever builds the whole model.
+        model = ts.nn.from_pretrained(args.from_pretrained, dtype=getattr(torch, args.dtype), group="tp",
+                                      sequence_parallel=args.sequence_parallel, verbose=args.verbose_plan)
+        model.train()
+        model.loss_type = "ForCausalLM"
+        unsharded_param_bytes = unsharded_bytes(model)
+    else:
+        model = make_model(args, args.vocab)
+        unsharded_param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        model = ts.nn.parallelize(model, group="tp", sequence_parallel=args.sequence_parallel,
+                                  verbose=args.verbose_plan)
     lm = model  # the parallelized GPT2LMHeadModel
     net = model = CausalLMLoss(lm, args.fused_loss)  # ``model``: what a step calls, DDP's / FSDP2's wrapper
     if args.fsdp:
@@ -249,6 +290,10 @@ def main(argv=None):
               flush=True)
     if args.save:
         save_checkpoint(args.save, args.steps, {"model": lm}, net, optimizer, None, scheduler)
+    if args.save_pretrained:
+        lm.save_pretrained(args.save_pretrained)  # every rank: rank 0 writes the unsharded checkpoint
+        if rank == 0:
+            print(f"saved the model to {args.save_pretrained} (transformers' from_pretrained loads it)", flush=True)
     if args.dump_params:
         full = ts.collect_state_dict(lm, lm.state_dict(), dst=0)
         if rank == 0:

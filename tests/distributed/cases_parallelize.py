@@ -38,8 +38,9 @@ def _tokens(seed=1, batch=3):
 
 
 def _whole(logits, sharded):
-    """The logits whole, for comparison (not part of the model's own collectives)."""
-    if not sharded:
+    """The logits whole, for comparison (not part of the model's own collectives): a parallelized
+    model returns them whole (parallelize's default) or as marked shards (logits="sharded")."""
+    if not sharded or logits.shape[-1] == models.VOCAB:
         return logits.detach()
     assert ts.utils.get_parallel_dim(logits) == -1, "sharded logits are not marked"
     with torch.no_grad():

@@ -1,4 +1,5 @@
-"""The phases of test_checkpoint.py and test_optimizer_state.py, run once per session, side by side.
+"""The phases of test_checkpoint.py, test_optimizer_state.py and test_pretrained.py, run once per
+session, side by side.
 
 Each file keeps its own table PHASES = {phase: (world, group, cases)} in the order its phases
 must run (each loads what the ones before it saved, in its own folder). Their phases at the
@@ -14,8 +15,10 @@ from tests.distributed.harness import Results, launch_modules, scratch_dir
 
 CHECKPOINT = "tests.distributed.cases_checkpoint"
 OPTIMIZER_STATE = "tests.distributed.cases_optimizer_state"
+PRETRAINED = "tests.distributed.cases_pretrained"
 # Where each case module saves and loads (a folder per module: their file names overlap).
-FOLDER_VARIABLE = {CHECKPOINT: "SHARDTORCH_CKPT_DIR", OPTIMIZER_STATE: "SHARDTORCH_OPTIM_STATE_DIR"}
+FOLDER_VARIABLE = {CHECKPOINT: "SHARDTORCH_CKPT_DIR", OPTIMIZER_STATE: "SHARDTORCH_OPTIM_STATE_DIR",
+                   PRETRAINED: "SHARDTORCH_PRETRAINED_DIR"}
 
 # The launches in order: ((module, phase), ...) each, all of one (world, group). Either file's
 # phases appear in that file's order (checked by run_all).
@@ -23,11 +26,11 @@ LAUNCHES = [
     ((CHECKPOINT, "size1"), (OPTIMIZER_STATE, "size1")),
     ((CHECKPOINT, "killed_save"),),
     ((OPTIMIZER_STATE, "killed_save"),),
-    ((CHECKPOINT, "size2"), (OPTIMIZER_STATE, "size2_from1")),
-    ((CHECKPOINT, "size4"), (OPTIMIZER_STATE, "size4_from2")),
+    ((CHECKPOINT, "size2"), (OPTIMIZER_STATE, "size2_from1"), (PRETRAINED, "save2")),
+    ((CHECKPOINT, "size4"), (OPTIMIZER_STATE, "size4_from2"), (PRETRAINED, "load4")),
     ((CHECKPOINT, "2d"), (OPTIMIZER_STATE, "2x2_from4")),
     ((CHECKPOINT, "size2_from4"),),
-    ((OPTIMIZER_STATE, "size3_from2x2"),),
+    ((OPTIMIZER_STATE, "size3_from2x2"), (PRETRAINED, "load3")),
     ((CHECKPOINT, "size1_from4"), (OPTIMIZER_STATE, "size1_from3")),
 ]
 
@@ -35,8 +38,9 @@ Outcome = Union[Results, RuntimeError]  # a phase's {case: error or None}, or it
 
 
 def _tables():
-    from tests.distributed import test_checkpoint, test_optimizer_state
-    return {CHECKPOINT: test_checkpoint.PHASES, OPTIMIZER_STATE: test_optimizer_state.PHASES}
+    from tests.distributed import test_checkpoint, test_optimizer_state, test_pretrained
+    return {CHECKPOINT: test_checkpoint.PHASES, OPTIMIZER_STATE: test_optimizer_state.PHASES,
+            PRETRAINED: test_pretrained.PHASES}
 
 
 @functools.lru_cache(maxsize=None)

@@ -161,3 +161,25 @@ def test_resume_continues_exactly(tmp_path, cache_dir):
     assert before.keys() == after.keys()
     for key, value in before.items():
         torch.testing.assert_close(after[key], value, rtol=1e-12, atol=0, msg=key)
+
+
+def test_save_pretrained_at_2_continues_at_3_as_at_2(tmp_path, cache_dir):
+    """--save-pretrained after 3 steps at 2 ranks writes a Hugging Face checkpoint; starting from it
+    with --from-pretrained at 3 ranks (heads split 2/1/1, the vocabulary unevenly) trains like at 2:
+    the same losses and final parameters in float64 (each run a fresh AdamW from those weights)."""
+    saved = tmp_path / "pretrained"
+    _train(tmp_path, cache_dir, "first", "--steps", 3, "--eval-every", 0, "--save-pretrained", saved)
+    assert (saved / "config.json").is_file() and (saved / "model.safetensors").is_file()
+    runs = {}
+    for world in (2, 3):
+        losses, _, _, _ = _train(tmp_path, cache_dir, f"from{world}", "--steps", 3, "--eval-every", 0,
+                                 "--from-pretrained", saved, "--dump-params", tmp_path / f"from{world}.pt",
+                                 world=world)
+        runs[world] = losses, torch.load(tmp_path / f"from{world}.pt", weights_only=True)
+    for step in (0, 1, 2):
+        assert runs[3][0][step] == pytest.approx(runs[2][0][step], rel=1e-12), (step, runs[3][0], runs[2][0])
+    for key, value in runs[2][1].items():
+        torch.testing.assert_close(runs[3][1][key], value, rtol=1e-12, atol=0, msg=key)
+    from transformers import GPT2LMHeadModel
+    first = GPT2LMHeadModel.from_pretrained(saved)  # plain transformers reads what the ranks wrote
+    assert first.config.n_layer == 2 and first.config.vocab_size == 512

@@ -15,12 +15,13 @@ from .layers import (ColumnProjection, ReplicatedKeyValue, RowProjection, Shared
                      scatter_sequence_before)
 from .plan import auto_plan, check_plan, unplaced
 from .report import parameter_bytes, print_report
-from .saving import save_unsharded_checkpoints
+from .hf_methods import parallel_hf_methods
+from .logits import check_logits_option, gather_output_logits
 from .vocabulary import install_loss, tie, vocabulary_parallel
 
 
 def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", group: str = state.TENSOR_PARALLEL,
-                sequence_parallel: bool = False, verbose: bool = False) -> nn.Module:
+                sequence_parallel: bool = False, verbose: bool = False, logits: str = "whole") -> nn.Module:
     """Shards ``model`` in place over the tensor-parallel ``group`` and returns it.
 
     Args:
@@ -40,13 +41,19 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
             whole again (same communication volume, activations 1/N there).
         verbose: print the plan, shard shapes, what stays whole, and the
             parameter memory per rank against the whole model (group rank 0).
+        logits: "whole" (what the model returns holds the unsharded model's
+            logits, gathered along the vocabulary for the positions computed;
+            its own loss is still computed from the shards) or "sharded" (the
+            vocabulary shards, marked, for the parallel losses: no gather).
 
     The model's own forward runs unchanged: each attention's head-count
     attributes are set to its local heads. A bad plan raises ValueError on
     every rank before any collective. A Hugging Face causal LM called with
-    ``labels=`` then computes the vocabulary-parallel loss from the shards. A
-    Hugging Face model's ``save_pretrained`` (called on every rank) then writes
-    the unsharded model's checkpoint (shardtorch.checkpoint.save_pretrained).
+    ``labels=`` then computes the vocabulary-parallel loss from the shards, and
+    returns the logits whole (``logits``). A Hugging Face model's
+    ``save_pretrained`` (called on every rank) then writes the unsharded
+    model's checkpoint (shardtorch.checkpoint.save_pretrained), and its
+    ``generate`` checks that every rank of the group was given the same inputs.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"parallelize: model must be a torch.nn.Module, got {type(model).__name__}")
@@ -54,6 +61,7 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
         raise TypeError(f"parallelize: sequence_parallel must be a bool, got {sequence_parallel!r}")
     if not isinstance(group, str):
         raise TypeError(f"parallelize: group must be a shardtorch group name (str), got {group!r}")
+    check_logits_option(logits)
     size, rank = state.get_group_size(group), state.get_group_rank(group)
     if isinstance(plan, str):
         if plan != "auto":
@@ -103,9 +111,12 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
             draw_dropout_from_model_parallel_stream(modules[name])
     tie(model, replaced)
     register_ddp_parameters_to_ignore(model)
-    save_unsharded_checkpoints(model)
+    parallel_hf_methods(model, group)
     head = _parallel_head(model)
     loss = install_loss(model, head, group) if head is not None else None
+    vocabulary_head = head or _vocabulary_head(model, plan)
+    if vocabulary_head is not None and logits == "whole":
+        gather_output_logits(model, vocabulary_head.weight.shape[0], vocabulary_head.out_features, group)
     left = unplaced(model)
     attention_left = [entry for entry in left if "attention" in entry.lower()]
     if attention_left:
@@ -151,6 +162,16 @@ def _set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
     parent_name, _, child = name.rpartition(".")
     parent = model.get_submodule(parent_name)
     setattr(parent, child, new)
+
+
+def _vocabulary_head(model: nn.Module, plan: Dict[str, str]):
+    """The LM head the plan split by vocabulary (a model without Hugging Face's get_output_embeddings)."""
+    for name, style in plan.items():
+        if style == "vocab" and name:
+            module = model.get_submodule(name)
+            if isinstance(module, ParallelLinear) and module.dim in (1, -1):
+                return module
+    return None
 
 
 def _parallel_head(model: nn.Module):

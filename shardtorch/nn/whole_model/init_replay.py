@@ -28,6 +28,12 @@ from .. import init as ts_init
 from .meta_build import InitRecord, Write, aten, storage_key
 
 _CHUNKABLE = {aten.uniform_, aten.normal_}
+# Writes that act element by element on the region they are given, so that a rank can apply them to its part
+# of the region (an indexed write such as index_put_ or scatter_ names whole-tensor positions: refused on slices).
+_ELEMENTWISE = {aten.fill_, aten.zero_, aten.copy_, aten.mul_, aten.add_, aten.sub_, aten.div_, aten.clamp_,
+                aten.clamp_min_, aten.clamp_max_, aten.erfinv_, aten.masked_fill_, aten.abs_, aten.neg_, aten.sqrt_,
+                aten.exp_, aten.log_, aten.pow_, aten.tanh_, aten.sign_, aten.addcmul_, aten.addcdiv_, aten.lerp_,
+                aten.fmod_, aten.remainder_, aten.floor_, aten.ceil_, aten.round_, aten.trunc_}
 
 
 class InitReplayError(RuntimeError):
@@ -255,6 +261,9 @@ def _apply(write: Write, target: _Target, base: torch.Tensor, local: torch.Tenso
                 + "; only uniform_ / normal_ of the whole tensor can be drawn slice by slice")
         draw_pieces(write, tuple(base.shape), view.dtype, generator, target.dim, target.pieces, local)
         return
+    if write.func.overloadpacket not in _ELEMENTWISE:
+        raise InitReplayError(f"{who}: {target.name!r} is sharded and written by {write.func}, which is not an "
+                              f"element-wise write a rank could apply to its slices")
     start, lengths, mapping = box
     at = 0
     d = target.dim

@@ -25,6 +25,7 @@ where each meta storage came from. A meta storage made by computation
 drawn for: the replay refuses it by name unless a later whole write replaces
 them.
 """
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -46,6 +47,15 @@ _LIKE_FACTORIES = {aten.empty_like, aten.zeros_like, aten.ones_like, aten.full_l
                    aten.randn_like}
 _FILLS = {aten.zeros: 0.0, aten.ones: 1.0, aten.zeros_like: 0.0, aten.ones_like: 1.0, aten.new_zeros: 0.0,
           aten.new_ones: 1.0}
+
+
+class MetaBuildError(RuntimeError):
+    """A model whose construction cannot run on the meta device."""
+
+
+def _on_meta(tensor: torch.Tensor) -> bool:
+    # Not tensor.is_meta: while a model is built, that answers False (_meta_tensors_answer_not_meta).
+    return tensor.device.type == "meta"
 
 
 def storage_key(tensor: torch.Tensor) -> int:
@@ -120,13 +130,13 @@ class _Recorder(TorchDispatchMode):
         if factory:
             kwargs["device"] = torch.device("meta")
         for tensor in _written_tensors(func, args, kwargs):
-            if tensor.is_meta:
+            if _on_meta(tensor):
                 self._write(func, args, kwargs)
                 break
-        known = {storage_key(t) for t in _tensors(args, kwargs) if t.is_meta}
+        known = {storage_key(t) for t in _tensors(args, kwargs) if _on_meta(t)}
         out = func(*args, **kwargs)
         for tensor in _tensors((out,), {}):
-            if tensor.is_meta and storage_key(tensor) not in known and storage_key(tensor) not in self.record.origin:
+            if _on_meta(tensor) and storage_key(tensor) not in known and storage_key(tensor) not in self.record.origin:
                 self._created(func, args, kwargs, tensor, factory)
         return out
 
@@ -175,7 +185,7 @@ def _copied_from(func, args, out: torch.Tensor) -> Optional[torch.Tensor]:
     """The meta tensor whose values ``out`` (made by ``func``) holds, or None."""
     packet = func.overloadpacket
     source = args[0] if args and isinstance(args[0], torch.Tensor) else None
-    if source is None or not source.is_meta or tuple(source.shape) != tuple(out.shape):
+    if source is None or not _on_meta(source) or tuple(source.shape) != tuple(out.shape):
         return None
     if packet in _VALUE_COPIES or (packet is aten.constant_pad_nd and not any(args[1])):
         return source
@@ -199,13 +209,52 @@ def _tensors(args, kwargs):
     return found
 
 
+@contextlib.contextmanager
+def _meta_tensors_answer_not_meta():
+    """Some of torch's initialisers return at once for a meta tensor
+    (``trunc_normal_``, ``orthogonal_``, ``sparse_``, ``dirac_`` check
+    ``tensor.is_meta``): the record would miss their writes and the generator
+    their draws, and the replay would give the weight what it held before.
+    While the model is built, Python code reading ``is_meta`` learns False, so
+    they run their ops on the meta tensors as they would on real ones (which
+    the record sees); C++ is not affected."""
+    original = torch.Tensor.__dict__.get("is_meta")
+    torch.Tensor.is_meta = property(lambda self: False)
+    try:
+        yield
+    finally:
+        if original is None:
+            del torch.Tensor.is_meta
+        else:
+            torch.Tensor.is_meta = original
+
+
 def build_recorded(factory: Callable[[], torch.nn.Module], consume_random: bool) -> Tuple[torch.nn.Module,
                                                                                          InitRecord]:
-    """(the model ``factory()`` builds, its large tensors on the meta device,
-    and the record of what its construction wrote into them)."""
+    """(the model ``factory()`` builds, its sized tensors on the meta device,
+    and the record of what its construction wrote into them). Raises
+    MetaBuildError where the construction reads values of its meta tensors."""
     record = InitRecord()
-    with _Recorder(record, consume_random):
-        model = factory()
+    try:
+        with _Recorder(record, consume_random), _meta_tensors_answer_not_meta():
+            model = factory()
+    except (RuntimeError, NotImplementedError) as error:
+        if "meta" not in str(error):
+            raise
+        raise MetaBuildError(
+            f"building the model on the meta device failed where its construction reads the values of a tensor "
+            f"it initialises ({error}): such an initialisation (torch 2.14's trunc_normal_ resamples until every "
+            f"value is in range, say) exists only as the whole tensor's values, so its slices cannot be drawn "
+            f"alone") from error
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"the model factory must return a torch.nn.Module, got {type(model).__name__}")
     return model, record
+
+
+def build_on_meta(factory: Callable[[], torch.nn.Module]) -> Tuple[torch.nn.Module, InitRecord]:
+    """As build_recorded, but the initialisers that skip meta tensors skip them
+    (the record misses what they would write): for a model whose weights are
+    then loaded."""
+    record = InitRecord()
+    with _Recorder(record, consume_random=False):
+        return factory(), record

@@ -24,13 +24,13 @@ from ...utils.shard_facts import named_parameter_shards
 from .apply import parallelize
 from .init_replay import replay, targets_of
 from .materialize import materialize, named_tensors
-from .meta_build import build_recorded
+from .meta_build import MetaBuildError, build_on_meta, build_recorded
 from .model_source import default_dtype, resolve_dtype, source_from_config, source_from_folder
 
 
 def from_pretrained(model, path=None, *, dtype="auto", plan="auto", group: str = state.TENSOR_PARALLEL,
-                    sequence_parallel: bool = False, verbose: bool = False, device="cpu", mmap: bool = True,
-                    config=None, **config_overrides) -> nn.Module:
+                    sequence_parallel: bool = False, verbose: bool = False, logits: str = "whole", device="cpu",
+                    mmap: bool = True, config=None, **config_overrides) -> nn.Module:
     """A parallelized model whose parameters each rank reads from a Hugging
     Face checkpoint folder, only its own slices: no rank ever holds the whole
     model (peak memory: its shards plus one bounded read block).
@@ -45,7 +45,7 @@ def from_pretrained(model, path=None, *, dtype="auto", plan="auto", group: str =
             ``model.safetensors.index.json``, as ``save_pretrained`` writes.
         dtype: as transformers takes it: "auto" (the config's dtype, else the
             checkpoint's), a torch.dtype or its name.
-        plan, group, sequence_parallel, verbose: as ``ts.nn.parallelize``.
+        plan, group, sequence_parallel, verbose, logits: as ``ts.nn.parallelize``.
         device: where the shards are allocated and read to.
         mmap: on the CPU, a parameter whose slice is one run of the file in
             its own dtype (a whole tensor, rows of a matrix) maps the file
@@ -82,14 +82,21 @@ def from_pretrained(model, path=None, *, dtype="auto", plan="auto", group: str =
         source = source_from_folder(folder, model, config, config_overrides, who)
         resolved = resolve_dtype(dtype, source.config, [e.dtype for e in entries.values()], who)
         with default_dtype(resolved):
-            built, record = build_recorded(source.build, consume_random=False)
+            incomplete = False
+            try:
+                built, record = build_recorded(source.build, consume_random=False)
+            except MetaBuildError:
+                # An initialisation that needs real values: the checkpoint replaces them; the record then lacks
+                # what such initialisers write (weights the checkpoint lacks cannot be drawn).
+                (built, record), incomplete = build_on_meta(source.build), True
         keys = _match_keys(built, entries, source.description, folder)
         originals = named_tensors(built)
         missing, unexpected = _check_shapes(built, originals, entries, keys, folder)
-        parallelize(built, plan=plan, group=group, sequence_parallel=sequence_parallel, verbose=verbose)
-        return built, record, originals, keys, entries, missing, unexpected
+        parallelize(built, plan=plan, group=group, sequence_parallel=sequence_parallel, verbose=verbose,
+                    logits=logits)
+        return built, record, incomplete, originals, keys, entries, missing, unexpected
 
-    built, record, originals, keys, entries, missing, unexpected = _agreed(prepare, who)
+    built, record, incomplete, originals, keys, entries, missing, unexpected = _agreed(prepare, who)
     reads = _read_plan(built, keys, entries)
     mapped = {}
 
@@ -109,8 +116,10 @@ def from_pretrained(model, path=None, *, dtype="auto", plan="auto", group: str =
     to_initialise = [name for name in persistent if name not in loaded and name in meta]
     computed = [name for name in meta if name not in persistent and name not in loaded]
     generator = _agreed_generator()
-    replay(record, targets_of(built, originals, to_initialise + computed), live=True, generator=generator,
-           who=who)
+    if incomplete and to_initialise:
+        raise MetaBuildError(f"{who}: {', '.join(to_initialise)} are not in {folder!r}, and the model's own "
+                             f"initialisation cannot run on the meta device to draw them (it reads tensor values)")
+    replay(record, targets_of(built, originals, to_initialise + computed), live=True, generator=generator, who=who)
     if missing:
         warnings.warn(f"{who}: {len(missing)} weight(s) of {type(built).__name__} are not in {folder!r} and are "
                       f"initialised by the model's own init: {', '.join(missing)}")
@@ -122,14 +131,17 @@ def from_pretrained(model, path=None, *, dtype="auto", plan="auto", group: str =
 
 
 def from_config(model, config=None, *, dtype=None, plan="auto", group: str = state.TENSOR_PARALLEL,
-                sequence_parallel: bool = False, verbose: bool = False, device="cpu") -> nn.Module:
+                sequence_parallel: bool = False, verbose: bool = False, logits: str = "whole",
+                device="cpu") -> nn.Module:
     """A fresh parallelized model, each rank holding exactly the slices that
     the unsharded model's own initialisation draws under the same
     ``torch.manual_seed`` (bitwise), without ever holding a whole tensor.
 
     ``model``: a transformers class (with ``config``) or a factory returning
     the model (``lambda: timm.create_model(...)``, a class taking ``config``).
-    ``dtype``: the default dtype to build in (None: torch's). Every random
+    ``dtype``: the default dtype to build in (None: torch's); ``plan``,
+    ``group``, ``sequence_parallel``, ``verbose``, ``logits``: as
+    ``ts.nn.parallelize``. Every random
     number the unsharded model's construction draws is drawn here too, in the
     same order, so the generator ends where the unsharded model's leaves it.
     What cannot be drawn slice by slice (a sharded parameter drawn in part,
@@ -143,7 +155,8 @@ def from_config(model, config=None, *, dtype=None, plan="auto", group: str = sta
         with default_dtype(resolved):
             built, record = build_recorded(source.build, consume_random=True)
         originals = named_tensors(built)
-        parallelize(built, plan=plan, group=group, sequence_parallel=sequence_parallel, verbose=verbose)
+        parallelize(built, plan=plan, group=group, sequence_parallel=sequence_parallel, verbose=verbose,
+                    logits=logits)
         return built, record, originals
 
     built, record, originals = _agreed(prepare, who)
