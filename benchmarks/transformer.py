@@ -16,6 +16,8 @@ after a warm-up):
                    fused Conv1D c_attn included), MLP column -> row, vocabulary-
                    parallel embedding and tied LM head; model(ids, labels=ids)
                    computes the vocabulary-parallel loss on the logits' shards
+                   (logits="sharded": the step reads only the loss, so the
+                   logits are not gathered for the output)
   shardtorch_fused the same, loss by ts.nn.causal_lm_loss(..., fused=True): the
                    LM head + loss chunk by chunk, the logits never formed
   dtensor          torch.distributed.tensor.parallel.parallelize_module with the
@@ -177,7 +179,7 @@ def worker(args):
             if name == "unsharded":
                 models[name] = _gpt2(args)
             elif name.startswith("shardtorch"):
-                models[name] = ts.nn.parallelize(_gpt2(args))
+                models[name] = ts.nn.parallelize(_gpt2(args), logits="sharded")  # the step reads only the loss
             else:
                 models[name] = _dtensor_gpt2(args, mesh, loss_parallel=name == "dtensor_loss_parallel")
         except Exception as e:  # noqa: BLE001 -- recorded and reported, the others still run

@@ -209,15 +209,17 @@ def main(argv=None):
     if args.from_pretrained:
         # Each rank reads its slices; no rank ever builds the whole model.
         model = ts.nn.from_pretrained(args.from_pretrained, dtype=getattr(torch, args.dtype), group="tp",
-                                      sequence_parallel=args.sequence_parallel, verbose=args.verbose_plan)
+                                      sequence_parallel=args.sequence_parallel, verbose=args.verbose_plan,
+                                      logits="sharded")
         model.train()
         model.loss_type = "ForCausalLM"
         unsharded_param_bytes = unsharded_bytes(model)
     else:
         model = make_model(args, args.vocab)
         unsharded_param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        # logits="sharded": training reads only the loss, so the logits are never gathered whole.
         model = ts.nn.parallelize(model, group="tp", sequence_parallel=args.sequence_parallel,
-                                  verbose=args.verbose_plan)
+                                  verbose=args.verbose_plan, logits="sharded")
     lm = model  # the parallelized GPT2LMHeadModel
     net = model = CausalLMLoss(lm, args.fused_loss)  # ``model``: what a step calls, DDP's / FSDP2's wrapper
     if args.fsdp:

@@ -99,8 +99,9 @@ def _mark_module_entries(module, state_dict, prefix, local_metadata) -> None:
 
 def _mark_optimizer_state(optimizer, state_dict) -> None:
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    for index, values in state_dict.get("state", {}).items():
-        if not isinstance(index, int) or index >= len(params):
+    for index, values in (state_dict.get("state") or {}).items():
+        # ZeroRedundancyOptimizer's consolidated state holds None for what it did not gather.
+        if not isinstance(index, int) or index >= len(params) or not isinstance(values, dict):
             continue
         param = params[index]
         spec = _PARAMETERS.get(param)

@@ -24,6 +24,7 @@ def _pair(build, **options):
     ref = build().to(F64)
     torch.manual_seed(0)
     par = build().to(F64)
+    options.setdefault("logits", "sharded")  # these cases check the parallel loss on the shards
     ts.nn.parallelize(par, **options)
     return ref, par
 
@@ -138,6 +139,7 @@ def check_against_unsharded(build, step, name, reference=None, **options):
     loss_ref, logits_ref, grads_ref, trained_ref = _reference_run(build, step, reference or name)
     torch.manual_seed(0)
     par = build().to(F64)
+    options.setdefault("logits", "sharded")  # these cases check the parallel loss on the shards
     ts.nn.parallelize(par, **options)
     loss_par, logits_par = step(par, True, 1)
     assert_close(logits_par, logits_ref, F64, f"{name} logits")
@@ -204,7 +206,8 @@ def _check_collective_count(build, step, layers, name, vocab_embedding=True, voc
                             sequence_parallel=False):
     torch.manual_seed(0)
     model = build().to(F64)
-    ts.nn.parallelize(model, sequence_parallel=sequence_parallel)
+    # The training configuration that reads only the loss (the default also gathers the returned logits).
+    ts.nn.parallelize(model, sequence_parallel=sequence_parallel, logits="sharded")
     forward, (loss, _) = _collectives(lambda: step(model, True, 1, whole=False))
     backward, _ = _collectives(lambda: loss.backward())
     # Megatron's minimum per block: forward one all-reduce after each row-parallel projection, backward one for
