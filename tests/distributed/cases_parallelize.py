@@ -309,12 +309,22 @@ def case_bad_plans_raise_on_every_rank_before_any_collective():
     torch.distributed.barrier()
 
 
-def case_bert_labels_refused_clearly():
-    model = models.bert()
-    ts.nn.parallelize(model)
+def case_masked_lm_labels_give_the_unsharded_masked_loss():
+    # BertForMaskedLM declares loss_type ForMaskedLM: labels= gives the masked LM loss (no shift) from the
+    # shards, where its own forward would have run a whole-vocabulary torch loss on them.
+    ref, par = _pair(models.bert)
     ids, labels = _tokens()
-    expect_error(lambda: model(input_ids=ids, labels=labels), "BertForMaskedLM(labels=...)",
-                 "ts.nn.ParallelCrossEntropyLoss", exception=ValueError)
+    labels[:, ::2] = -100
+    expected = ref(input_ids=ids, labels=labels)
+    out = par(input_ids=ids, labels=labels)
+    assert_close(out.loss.detach(), expected.loss.detach(), F64, "BERT masked LM loss")
+    assert list(out.keys())[0] == "loss", list(out.keys())
+    as_tuple = par(input_ids=ids, labels=labels, return_dict=False)
+    assert_close(as_tuple[0].detach(), expected.loss.detach(), F64, "BERT masked LM loss, return_dict=False")
+    # A model that declares no LM loss (a sequence classifier's head is not a vocabulary) is not touched,
+    # and a plain module with a vocabulary head gets no loss at all: labels are the caller's.
+    plain = ts.nn.parallelize(models.mingpt())
+    assert not plain._forward_pre_hooks, plain._forward_pre_hooks
 
 
 def case_fused_causal_lm_loss_matches_unsharded():
@@ -375,7 +385,7 @@ def case_verbose_prints_plan_shards_and_memory():
     text = out.getvalue()
     if ts.distributed.get_group_rank() == 0:
         heads = len(range(0, 10, ts.distributed.get_group_size()))
-        assert "transformer.h.0.attn: attention (gpt2)" in text, text
+        assert "transformer.h.0.attn: attention (fused c_attn by part)" in text, text
         assert f"transformer.h.0.attn.c_attn.weight: shard (60, {18 * heads}) of (60, 180)" in text, text
         assert "parameters per rank:" in text and "left whole:" in text, text
         assert "labels=: vocabulary-parallel causal LM loss" in text, text
