@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...utils.parallel_dim import is_sharded_on_last_dim
+from ...utils.parallel_dim import is_sharded_on_last_dim, register_parallel_dim
 from .. import functional as TF
 from ..linear import ParallelLinear
 
@@ -88,10 +88,25 @@ def declared_loss(model: nn.Module) -> Optional[str]:
     return None
 
 
+def keep_logits_marked(model: nn.Module, head: ParallelLinear) -> None:
+    """Marks the model's output logits as the vocabulary shards they are where its forward computed them
+    from the head's output element by element (Gemma 2's final soft-capping, tanh(x / c) x c, makes new
+    unmarked tensors): the logits in the output are then known for shards by the parallel losses."""
+    local = head.weight.shape[0]
+
+    def hook(_, args, output):
+        logits = output[0] if isinstance(output, tuple) else getattr(output, "logits", None)
+        if torch.is_tensor(logits) and logits.dim() > 0 and logits.shape[-1] == local and \
+                not is_sharded_on_last_dim(logits):
+            register_parallel_dim(logits, -1, head.out_features)
+    model.register_forward_hook(hook)
+
+
 def install_loss(model: nn.Module, head: ParallelLinear, group: str) -> Optional[str]:
     """Makes a Hugging Face model called with ``labels=`` compute its loss
     from the sharded logits; returns what was done (None: its forward takes
     no labels)."""
+    keep_logits_marked(model, head)
     try:
         parameters = inspect.signature(type(model).forward).parameters
     except (TypeError, ValueError):
