@@ -3,7 +3,6 @@ BERT, timm ViT, a minGPT-style model) sharded in one call against the same
 model unsharded, in float64: logits, loss, every parameter's gradient
 (collected), and every parameter after 5 AdamW steps."""
 import collections
-import os
 import tempfile
 
 import torch
@@ -453,3 +452,79 @@ def case_attention_dropout_draws_from_the_model_parallel_stream():
     losses = [torch.zeros((), dtype=F64) for _ in range(ts.distributed.get_group_size())]
     torch.distributed.all_gather(losses, loss.detach(), group=ts.distributed.get_group())
     assert all(torch.equal(value, losses[0]) for value in losses), f"ranks disagree on the loss: {losses}"
+
+
+class _BiasedExperts(torch.nn.Module):
+    """3-D experts with biases (GPT-OSS's kind): a bias on the down projection would be added once per
+    rank, so no layout takes them."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate_up_proj = torch.nn.Parameter(torch.randn(4, 2 * 8, 12))
+        self.gate_up_proj_bias = torch.nn.Parameter(torch.randn(4, 2 * 8))
+        self.down_proj = torch.nn.Parameter(torch.randn(4, 12, 8))
+        self.down_proj_bias = torch.nn.Parameter(torch.randn(4, 12))
+
+
+class _Zoo(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        from timm.layers import Mlp
+        self.gpt2_named = torch.nn.Module()  # GPT-2's names, made of nn.Linear: an MLP of known layout
+        self.gpt2_named.c_fc, self.gpt2_named.c_proj = torch.nn.Linear(12, 20), torch.nn.Linear(20, 12)
+        self.normed = Mlp(12, 20, norm_layer=torch.nn.LayerNorm)  # a norm over the shard between fc1 and fc2
+        self.experts = _BiasedExperts()
+
+
+def case_what_is_left_whole_is_warned_about_and_listed():
+    import warnings
+    model = _Zoo()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ts.nn.parallelize(model)
+    message = " ".join(str(w.message) for w in caught if "parallelize" in str(w.message))
+    assert type(model.gpt2_named.c_fc).__name__ == "ColumnProjection", model.gpt2_named
+    for expected in ("normed (Mlp): MLP of unknown layout", "experts (_BiasedExperts): experts left whole"):
+        assert expected in message, message
+        assert expected in unplaced(model), unplaced(model)
+    assert "gpt2_named" not in message, message
+    # A Hugging Face model parallelized with an empty plan: its attention, MLPs and vocabulary are named.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ts.nn.parallelize(models.llama(), plan={})
+    message = " ".join(str(w.message) for w in caught)
+    for expected in ("model.layers.0.self_attn (LlamaAttention): attention of unknown layout",
+                     "model.layers.1.mlp (LlamaMLP): MLP of unknown layout",
+                     "model.embed_tokens (Embedding): vocabulary left whole", "lm_head (Linear): vocabulary left whole"):
+        assert expected in message, message
+
+
+class _ReadsItsTable(torch.nn.Embedding):
+    def forward(self, input):
+        return F.embedding(input, self.weight) * 2.0
+
+
+def case_a_vocabulary_read_as_whole_is_refused_or_follows():
+    import warnings
+    from tests.distributed.zoo_models import ZOO
+    # An nn.Embedding subclass that looks its table up itself would read its shard as the whole table.
+    model = torch.nn.Sequential(_ReadsItsTable(97, 8), torch.nn.Linear(8, 97))
+    expect_error(lambda: ts.nn.parallelize(model, plan={"0": "vocab", "1": "vocab"}), "'0' (_ReadsItsTable)",
+                 "overrides nn.Embedding's lookup", exception=ValueError)
+    # T5's encoder and decoder embed_tokens share the 'shared' table: named in the auto plan, and following
+    # a plan that names only 'shared' (before, they held its shard as a whole table: silently wrong).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        build = ZOO["t5"][0]
+        torch.manual_seed(0)
+        ref = build().to(F64)
+        torch.manual_seed(0)
+        par = build().to(F64)
+    plan = ts.nn.auto_plan(par)
+    assert {name for name, style in plan.items() if style == "vocab"} == {
+        "shared", "encoder.embed_tokens", "decoder.embed_tokens", "lm_head"}, plan
+    ts.nn.parallelize(par, plan={"shared": "vocab", "lm_head": "vocab"})
+    assert par.encoder.embed_tokens.weight is par.shared.weight is par.lm_head.weight
+    ids = torch.arange(96, 96 - 21, -1).reshape(3, 7)  # ids beyond every rank's own rows
+    expected = ref(input_ids=ids, decoder_input_ids=ids).logits.detach()
+    assert_close(_whole(par(input_ids=ids, decoder_input_ids=ids).logits, True), expected, F64, "T5 logits")

@@ -16,7 +16,7 @@ from shardtorch.nn.whole_model.left_whole import WARNED, left_whole
 from shardtorch.utils.shard_facts import named_parameter_shards
 from tests.distributed import cases_parallelize as base
 from tests.distributed.zoo_models import ZOO
-from tests.reference import assert_close
+from tests.reference import assert_close, expect_error
 
 F64 = torch.float64
 
@@ -156,3 +156,19 @@ def case_meta_built_models_split_to_the_real_shapes():
         real_buffers = {n for n, b in real.named_buffers() if b.device.type != "meta"}
         assert {n for n, _ in meta.named_buffers()} == {n for n, _ in real.named_buffers()}, name
         assert real_buffers == {n for n, _ in real.named_buffers()}, name
+
+
+def case_sequence_parallel_zoo_matches_unsharded():
+    # The layouts with more than a pairing under sequence parallelism: key/value parts summed whole each
+    # forward (multi-query, Phi-3's with fewer key/value heads than ranks at 3), per-head norms (their
+    # gradients summed once, not again by the region's hook), ALiBi rows by head (Bloom).
+    for name in ("falcon_multi_query", "phi3_kv2", "qwen3", "bloom"):
+        build, kind = ZOO[name]
+        base.check_against_unsharded(_quiet_build(build), STEPS[kind], f"{name} sp", name, sequence_parallel=True)
+    # Refused before any collective: experts (the block flattens the sequence before them), an MLP inside a
+    # whole layer (OPT's fc1 does not read the layer's input).
+    for name, what in (("mixtral", "'model.layers.0.mlp.experts' (MixtralExperts) as 'experts'"),
+                       ("opt", "'model.decoder.layers.0' (OPTDecoderLayer) as 'mlp'")):
+        model = _quiet_build(ZOO[name][0])()
+        expect_error(lambda: ts.nn.parallelize(model, sequence_parallel=True), what,
+                     "cannot run inside a sequence-parallel region", exception=ValueError)

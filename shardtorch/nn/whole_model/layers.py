@@ -97,9 +97,11 @@ def _replace_argument(args, kwargs, function):
 def _check_sequence(tensor: torch.Tensor, dim: int, group: str) -> None:
     from ...distributed import state
     size = state.get_group_size(group)
-    if tensor.dim() <= dim or tensor.shape[dim] < size:
-        raise ValueError(f"parallelize(sequence_parallel=True): the hidden states must be [batch, sequence, ...] "
-                         f"with at least {size} positions (one per rank), got shape {tuple(tensor.shape)}")
+    # Three dimensions: a block reading [batch, height, width, features] (Swin's windows) would split rows
+    # of its image, which its window partition cannot read.
+    if tensor.dim() != 3 or tensor.shape[dim] < size:
+        raise ValueError(f"parallelize(sequence_parallel=True): the hidden states must be [batch, sequence, "
+                         f"features] with at least {size} positions (one per rank), got shape {tuple(tensor.shape)}")
 
 
 def gather_sequence_before(module: nn.Module, group: str, dim: int = 1):

@@ -113,8 +113,9 @@ def _unknown(module: nn.Module, style: str) -> str:
 def _refusal(placement: Placement, size: int, sequence_parallel: bool) -> Optional[str]:
     module, style = placement.module, placement.style
     if placement.layout is not None:
-        if sequence_parallel and not placement.layout.sequence_parallel:
-            return f"a {style} placement cannot run inside a sequence-parallel region"
+        if sequence_parallel and not getattr(placement.fit, "sequence_parallel", placement.layout.sequence_parallel):
+            return (f"this {style} placement ({placement.fit.variant}) cannot run inside a sequence-parallel "
+                    f"region")
         return placement.layout.refusal(module, placement.fit, size)
     if style in ("column", "row"):
         if not is_projection(module):

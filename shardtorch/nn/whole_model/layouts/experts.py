@@ -89,5 +89,8 @@ def _copy_floating_inputs(group):
 
 
 def is_experts_like(module: nn.Module) -> bool:
-    """A module holding 3-D parameters of its own (experts that no layout took)."""
-    return any(p.dim() == 3 for p in module.parameters(recurse=False))
+    """A bank of experts that no layout took: a module named for experts holding 3-D parameters of its own,
+    or holding two or more of them with the same number of experts (a position table [1, positions, width]
+    is neither)."""
+    banks = [p.shape[0] for p in module.parameters(recurse=False) if p.dim() == 3 and p.shape[0] > 1]
+    return bool(banks) and ("Expert" in type(module).__name__ or len(banks) >= 2 and len(set(banks)) == 1)

@@ -34,6 +34,11 @@ def _in_out(proj):
     return (proj.nx, proj.nf) if is_conv1d(proj) else (proj.in_features, proj.out_features)
 
 
+def _holds_attention(m, names) -> bool:
+    from . import find_layout
+    return any(name not in names and find_layout(child, "attention") is not None for name, child in m.named_children())
+
+
 def _others_are_width_norms_or_attention(m, names, width) -> bool:
     """Whether ``m`` holds nothing but the projections ``names``, or is a whole transformer layer: an
     attention child of a known layout, and otherwise only 1-D parameters of ``width`` elements (its norms
@@ -62,9 +67,13 @@ class PairMLP(Layout):
                 return None
             if int_attr(m, "pretraining_tp") not in (None, 1) and getattr(m, "slow_but_exact", False):
                 return None  # Bloom's slow_but_exact path slices the whole down weight itself
+            whole_layer = _holds_attention(m, (up_name, down_name))
             if not _others_are_width_norms_or_attention(m, (up_name, down_name), up_in):
                 return None
-            return Fit(f"{up_name}/{down_name}", names=(up_name, down_name), hidden=hidden)
+            # In a whole layer (OPT's) the up projection does not read the layer's input, which is what
+            # sequence parallelism would gather.
+            return Fit(f"{up_name}/{down_name}" + (" in the layer" if whole_layer else ""),
+                       names=(up_name, down_name), hidden=hidden, sequence_parallel=not whole_layer)
         return None
 
     def refusal(self, m, fit, size):
