@@ -172,3 +172,26 @@ def case_sequence_parallel_zoo_matches_unsharded():
         model = _quiet_build(ZOO[name][0])()
         expect_error(lambda: ts.nn.parallelize(model, sequence_parallel=True), what,
                      "cannot run inside a sequence-parallel region", exception=ValueError)
+
+
+def case_sharded_checkpoints_of_unequal_parts_load_back():
+    # save_sharded writes every piece of an unequal-parts split (Phi-3's and multi-query's fused q/k/v, a
+    # key/value part on the first ranks only) as a box of the full tensor; load_sharded reads them back.
+    import shutil
+    import tempfile
+    directory = [tempfile.mkdtemp(prefix="zoo_sharded_") if ts.distributed.get_rank() == 0 else None]
+    torch.distributed.broadcast_object_list(directory, src=0)
+    for name in ("phi3_kv2", "falcon_multi_query"):
+        build, kind = ZOO[name]
+        build = _quiet_build(build)
+        torch.manual_seed(0)
+        saved = ts.nn.parallelize(build().to(F64))
+        path = f"{directory[0]}/{name}"
+        ts.save_sharded(saved, path)
+        torch.manual_seed(7)
+        loaded = ts.nn.parallelize(build().to(F64))
+        ts.load_sharded(loaded, path)
+        assert_close(STEPS[kind](loaded, True, 3)[1], STEPS[kind](saved, True, 3)[1], F64, f"{name}: loaded logits")
+    torch.distributed.barrier()
+    if ts.distributed.get_rank() == 0:
+        shutil.rmtree(directory[0])
