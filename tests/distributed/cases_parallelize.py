@@ -493,6 +493,16 @@ def case_what_is_left_whole_is_warned_about_and_listed():
         warnings.simplefilter("always")
         ts.nn.parallelize(models.llama(), plan={})
     message = " ".join(str(w.message) for w in caught)
+    # StableLM's per-head layer norms, one per head in a list: its forward would pair this rank's heads
+    # with the list's first norms, so its attention stays whole.
+    from transformers import StableLmConfig, StableLmForCausalLM
+    stablelm = StableLmForCausalLM(StableLmConfig(vocab_size=97, hidden_size=48, intermediate_size=80,
+                                                  num_hidden_layers=1, num_attention_heads=4, qk_layernorm=True))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ts.nn.parallelize(stablelm)
+    assert "model.layers.0.self_attn (StableLmAttention): attention of unknown layout" in " ".join(
+        str(w.message) for w in caught), [str(w.message) for w in caught]
     for expected in ("model.layers.0.self_attn (LlamaAttention): attention of unknown layout",
                      "model.layers.1.mlp (LlamaMLP): MLP of unknown layout",
                      "model.embed_tokens (Embedding): vocabulary left whole", "lm_head (Linear): vocabulary left whole"):

@@ -134,10 +134,12 @@ class LocalHeadsConfig:
 # What may sit beside the projections of an attention module, following its heads.
 
 def is_per_head_norm(child: nn.Module, head_dim: int) -> bool:
-    """A norm over each head's features (Qwen3's, Gemma 3's q_norm/k_norm): its parameters are head_dim
-    long, the same for every head, so they stay whole."""
+    """A norm over each head's features, the same for every head (Qwen3's, Gemma 3's q_norm/k_norm): its own
+    parameters are head_dim long, so they stay whole. A norm per head kept in a list of norms (StableLM's
+    q_layernorm) is not one: its forward pairs the heads it gets with the first norms of its list."""
     params = list(child.parameters())
-    return bool(params) and all(p.dim() == 1 and p.shape[0] == head_dim for p in params)
+    return (bool(params) and len(params) == len(list(child.parameters(recurse=False)))
+            and all(p.dim() == 1 and p.shape[0] == head_dim for p in params))
 
 
 def is_projection_rms_norm(child: nn.Module, width: int) -> bool:
