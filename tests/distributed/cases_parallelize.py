@@ -158,6 +158,18 @@ def check_against_unsharded(build, step, name, reference=None, **options):
     return par
 
 
+def check_relocated(build, step, what):
+    """A full state dict on rank 0 relocated into a parallelized model of other weights gives the logits of
+    the unsharded model holding it."""
+    torch.manual_seed(123)
+    source = build().to(F64)
+    torch.manual_seed(7)
+    target = ts.nn.parallelize(build().to(F64))
+    full = source.state_dict() if ts.distributed.get_rank() == 0 else None
+    target.load_state_dict(ts.relocate_state_dict(target, full, src=0), strict=True)
+    assert_close(step(target, True, 3)[1], step(source, False, 3)[1], F64, what)
+
+
 def case_gpt2_matches_unsharded():
     check_against_unsharded(models.gpt2, _causal_step, "gpt2")
 
@@ -362,13 +374,7 @@ def case_checkpoints_are_the_unsharded_models_own():
     # An unsharded state dict relocated into a freshly parallelized model (other weights) at this group size.
     for build, step in ((models.gpt2, _causal_step), (models.llama, _causal_step), (models.vit, _image_step),
                         (lambda: models.llama(kv_heads=2, heads=8), _causal_step)):
-        torch.manual_seed(123)
-        source = build().to(F64)
-        torch.manual_seed(7)
-        target = ts.nn.parallelize(build().to(F64))
-        full = source.state_dict() if ts.distributed.get_rank() == 0 else None
-        target.load_state_dict(ts.relocate_state_dict(target, full, src=0), strict=True)
-        assert_close(step(target, True, 3)[1], step(source, False, 3)[1], F64, "relocated logits")
+        check_relocated(build, step, "relocated logits")
     torch.distributed.barrier()
     if ts.distributed.get_rank() == 0:
         import shutil

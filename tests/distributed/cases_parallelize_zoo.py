@@ -93,14 +93,7 @@ def _check_architecture(name):
         left = [f"{n} ({c}): {k}" for n, c, k in left_whole(par) if k in WARNED]
         assert not left, f"{name}: left whole: {left}"
         assert not [w for w in caught if "parallelize" in str(w.message)], [str(w.message) for w in caught]
-        # A full state dict on rank 0 relocated into a parallelized model of other weights: the unsharded logits.
-        torch.manual_seed(123)
-        source = build().to(F64)
-        torch.manual_seed(7)
-        target = ts.nn.parallelize(build().to(F64))
-        full = source.state_dict() if ts.distributed.get_rank() == 0 else None
-        target.load_state_dict(ts.relocate_state_dict(target, full, src=0), strict=True)
-        assert_close(step(target, True, 3)[1], step(source, False, 3)[1], F64, f"{name}: relocated logits")
+        base.check_relocated(build, step, f"{name}: relocated logits")
 
 
 def _make_case(name):

@@ -53,9 +53,15 @@ def _others_are_width_norms_or_attention(m, names, width) -> bool:
     return all(id(p) in skip or (p.dim() == 1 and p.shape[0] == width) for p in m.parameters())
 
 
-class PairMLP(Layout):
-    """An up projection then a down projection."""
+class _MLP(Layout):
     kind = "mlp"
+
+    def refusal(self, m, fit, size):
+        return too_few("hidden features", fit.hidden, size)
+
+
+class PairMLP(_MLP):
+    """An up projection then a down projection."""
 
     def fit(self, m):
         for up_name, down_name in _PAIRS:
@@ -76,9 +82,6 @@ class PairMLP(Layout):
                        names=(up_name, down_name), hidden=hidden, sequence_parallel=not whole_layer)
         return None
 
-    def refusal(self, m, fit, size):
-        return too_few("hidden features", fit.hidden, size)
-
     def apply(self, m, fit, group, size, rank, sp=False):
         up, down = fit.names
         setattr(m, up, ColumnProjection(getattr(m, up), group, size, rank, block_input(group, 1, sp)))
@@ -86,9 +89,8 @@ class PairMLP(Layout):
         return {}
 
 
-class GatedMLP(Layout):
+class GatedMLP(_MLP):
     """Gate and up projections, multiplied, then down."""
-    kind = "mlp"
 
     def fit(self, m):
         for names in _GATED:
@@ -103,9 +105,6 @@ class GatedMLP(Layout):
             return Fit("/".join(names), names=names, hidden=up.out_features)
         return None
 
-    def refusal(self, m, fit, size):
-        return too_few("hidden features", fit.hidden, size)
-
     def apply(self, m, fit, group, size, rank, sp=False):
         gate, up, down = fit.names
         shared = block_input(group, 2, sp)
@@ -115,9 +114,8 @@ class GatedMLP(Layout):
         return {}
 
 
-class FusedGatedMLP(Layout):
+class FusedGatedMLP(_MLP):
     """One projection [gate | up] (the forward chunks its output in two), then down (Phi-3)."""
-    kind = "mlp"
 
     def fit(self, m):
         for names in _FUSED_GATED:
@@ -131,9 +129,6 @@ class FusedGatedMLP(Layout):
             return Fit("/".join(names), names=names, hidden=down.in_features)
         return None
 
-    def refusal(self, m, fit, size):
-        return too_few("hidden features", fit.hidden, size)
-
     def apply(self, m, fit, group, size, rank, sp=False):
         fused, down = fit.names
         # The same slice of the gate's half and of the up half: two blocks.
@@ -143,10 +138,9 @@ class FusedGatedMLP(Layout):
         return {}
 
 
-class BertMLP(Layout):
+class BertMLP(_MLP):
     """BERT's layer: ``intermediate.dense`` then ``output.dense`` (the
     attention's ``output`` is another module)."""
-    kind = "mlp"
 
     def fit(self, m):
         inter, out = getattr(m, "intermediate", None), getattr(m, "output", None)
@@ -157,9 +151,6 @@ class BertMLP(Layout):
             return None
         return Fit("bert", hidden=inter.dense.out_features)
 
-    def refusal(self, m, fit, size):
-        return too_few("hidden features", fit.hidden, size)
-
     def gather_point(self, m, fit):
         return m.intermediate
 
@@ -169,9 +160,8 @@ class BertMLP(Layout):
         return {}
 
 
-class SequentialMLP(Layout):
+class SequentialMLP(_MLP):
     """``nn.Sequential(Linear, elementwise..., Linear[, Dropout])`` (minGPT's block MLP)."""
-    kind = "mlp"
 
     def fit(self, m):
         if not isinstance(m, nn.Sequential):
@@ -187,9 +177,6 @@ class SequentialMLP(Layout):
         if up.out_features != down.in_features:
             return None
         return Fit("sequential", names=(up_name, down_name), hidden=up.out_features)
-
-    def refusal(self, m, fit, size):
-        return too_few("hidden features", fit.hidden, size)
 
     def apply(self, m, fit, group, size, rank, sp=False):
         up_name, down_name = fit.names
