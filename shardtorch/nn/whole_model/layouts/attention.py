@@ -63,11 +63,14 @@ class SeparateAttention(Layout):
             if geometry is None:
                 return None
             heads, kv_heads, head_dim = geometry
-            extras = classify_extras(m, [q_name, k_name, v_name, out_name], heads, head_dim, q.out_features,
-                                     k.out_features)
+            if any(True for _ in m.parameters(recurse=False)):
+                return None
+            names = (q_name, k_name, v_name, out_name)
+            extras = classify_extras([(n, c) for n, c in m.named_children() if n not in names], heads, head_dim,
+                                     q.out_features, k.out_features)
             if extras is None:
                 return None
-            return Fit(f"{q_name}/{k_name}/{v_name}/{out_name}", names=(q_name, k_name, v_name, out_name),
+            return Fit("/".join(names), names=names,
                        heads=heads, kv_heads=kv_heads, head_dim=head_dim, extras=extras)
         return None
 

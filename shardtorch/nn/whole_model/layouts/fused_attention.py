@@ -16,13 +16,12 @@ sums the group's rows of it at each forward (layers.ColumnProjection,
 ``gathered``), then uses, for its query heads, the key/value head each reads.
 """
 
-from torch import nn
-
-from ..layers import ColumnProjection, block_input, is_conv1d
+from ....utils.shards import shard_range
+from ..layers import ColumnProjection, RowProjection, block_input, is_conv1d
 from .base import Fit, Layout, int_attr, output_dropout_is_off, projection, row, too_few
 from .heads import (HEAD_COUNTS, KV_HEAD_COUNTS, GROUP_COUNTS, HeadSplit, apply_extras, classify_extras,
                     counts_agree, declared, extras_refusal, head_size_of, set_local_counts,
-                    slice_alibi_to_local_heads, split_parameter_by_head)
+                    slice_alibi_to_local_heads, split_parameter_by_head, takes_alibi)
 
 _BY_PART = (("c_attn", "c_proj"), ("qkv", "proj"), ("qkv_proj", "o_proj"))
 _BY_HEAD = (("query_key_value", "dense"),)
@@ -86,17 +85,9 @@ class _Fused(Layout):
         tables = _own_tables(m, heads)
         if tables is None:
             return None, None
-        # Parameters of the module itself are checked above; the children beside the projections here.
-        extras = {}
-        for name, child in m.named_children():
-            if name in names or not any(True for _ in child.parameters()):
-                continue
-            found = classify_extras(_Holder(name, child), [], heads, head_dim, heads * head_dim,
-                                    kv_heads * head_dim)
-            if found is None:
-                return None, None
-            extras.update(found)
-        return tables, extras
+        extras = classify_extras([(n, c) for n, c in m.named_children() if n not in names], heads, head_dim,
+                                 heads * head_dim, kv_heads * head_dim)
+        return (tables, extras) if extras is not None else (None, None)
 
     def refusal(self, m, fit, size):
         reason = too_few("attention heads", fit.heads, size)
@@ -115,14 +106,6 @@ class _Fused(Layout):
         if slice_alibi_to_local_heads(m, split):
             changed["alibi"] = "this rank's heads"
         return changed
-
-
-class _Holder(nn.Module):
-    """One child seen alone, for classify_extras."""
-
-    def __init__(self, name, child):
-        super().__init__()
-        self.add_module(name, child)
 
 
 def _part_split(heads: int, kv_heads: int, head_dim: int, split: HeadSplit):
@@ -193,9 +176,8 @@ class FusedByHead(_Fused):
         heads, kv_heads, head_dim = counts
         if multi_query and not grouped:
             variant = "multi-query"
-            if kv_heads != heads and int_attr(m, "num_kv_heads") not in (None, 1):
+            if kv_heads != 1:
                 return None
-            kv_heads = 1
         elif grouped:
             variant = "grouped"
         else:
@@ -204,8 +186,7 @@ class FusedByHead(_Fused):
                 return None
         if (heads + 2 * kv_heads) * head_dim != width or out_in != heads * head_dim:
             return None
-        if not counts_agree(m, heads, kv_heads, head_dim) and not (variant == "multi-query"
-                                                                   and declared(m, KV_HEAD_COUNTS)):
+        if not counts_agree(m, heads, kv_heads, head_dim):
             return None
         tables, extras = self._extras(m, names, heads, kv_heads, head_dim)
         if tables is None:
@@ -214,9 +195,13 @@ class FusedByHead(_Fused):
                    head_dim=head_dim, tables=tables, extras=extras)
 
     def refusal(self, m, fit, size):
-        if fit.geometry == "grouped" and fit.kv_heads < size and fit.heads // fit.kv_heads < size:
-            return (f"{fit.kv_heads} key/value groups of {fit.heads // fit.kv_heads} query heads cannot be split "
-                    f"over {size} ranks (whole groups need {size} groups, or {size} query heads in each)")
+        if fit.geometry == "grouped" and fit.kv_heads < size:
+            if fit.heads // fit.kv_heads < size:
+                return (f"{fit.kv_heads} key/value groups of {fit.heads // fit.kv_heads} query heads cannot be "
+                        f"split over {size} ranks (whole groups need {size} groups, or {size} query heads in each)")
+            if fit.tables or fit.extras or takes_alibi(m):
+                return (f"with {fit.kv_heads} key/value groups over {size} ranks each rank holds a share of every "
+                        f"group's query heads, not a run of heads, which its position biases or norms cannot follow")
         return super().refusal(m, fit, size)
 
     def apply(self, m, fit, group, size, rank, sp=False):
@@ -238,37 +223,23 @@ class FusedByHead(_Fused):
             split = HeadSplit(heads, kv_heads, head_dim, size, rank)
             new = ColumnProjection(source, group, size, rank, shared, unit=(groups + 2) * head_dim)
             local = (split.local_heads, split.local_kv_heads, groups)
-        else:  # grouped, fewer groups than ranks: this rank's share of every group's query heads
-            split = _ShareOfEveryGroup(heads, kv_heads, head_dim, size, rank)
+        else:
+            # Grouped, fewer groups than ranks: this rank's share of every group's query heads (not a run of
+            # heads: refusal() keeps position biases, norms and ALiBi out), and every group's key and value
+            # summed whole over the group at each forward.
+            split = None
+            start, stop = shard_range(groups, size, rank)
             parts = ((groups * head_dim, head_dim), (head_dim, head_dim), (head_dim, head_dim)) * kv_heads
-            gathered = {i: None for i in range(len(parts)) if i % 3}
-            new = ColumnProjection(source, group, size, rank, shared, parts=parts, gathered=gathered)
-            local = (split.local_heads, kv_heads, split.local_heads // kv_heads)
+            new = ColumnProjection(source, group, size, rank, shared, parts=parts,
+                                   gathered={i: None for i in range(len(parts)) if i % 3})
+            local = ((stop - start) * kv_heads, kv_heads, stop - start)
         setattr(m, fused, new)
-        setattr(m, out, row(sp, getattr(m, out), group, size, rank, unit=split.query_unit)
-                if not isinstance(split, _ShareOfEveryGroup) else split.row(sp, getattr(m, out), group))
+        if split is not None:
+            setattr(m, out, row(sp, getattr(m, out), group, size, rank, unit=split.query_unit))
+        else:  # the attention's output holds this rank's heads of each group, group after group
+            setattr(m, out, RowProjection(getattr(m, out), group, size, rank, sequence_dim=1 if sp else None,
+                                          parts=((groups * head_dim, head_dim),) * kv_heads))
         changed = set_local_counts(m, local[0], local[1], local[2], head_dim, heads, kv_heads)
-        if fit.geometry == "multi-query" or isinstance(split, _ShareOfEveryGroup):
+        if fit.geometry == "multi-query" or split is None:
             changed["key/value"] = "summed whole over the group each forward"
         return self._finish(m, fit, split, group, size, rank, changed)
-
-
-class _ShareOfEveryGroup:
-    """Falcon's grouped layout with fewer key/value groups than ranks: this rank holds
-    ``shard_range(groups, size, rank)`` of the query heads of every group and every group's key and
-    value (summed over the group at each forward)."""
-
-    def __init__(self, heads, kv_heads, head_dim, size, rank):
-        from ....utils.shards import shard_range
-        self.heads, self.kv_heads, self.head_dim, self.size, self.rank = heads, kv_heads, head_dim, size, rank
-        group_size = heads // kv_heads
-        start, stop = shard_range(group_size, size, rank)
-        self.local_heads = (stop - start) * kv_heads
-        self.first_head, self.query_unit, self.kv_replicated = None, head_dim, True
-        self.heads_per_unit = 1
-        self._group_size = group_size
-
-    def row(self, sp, source, group):
-        from ..layers import RowProjection
-        parts = ((self._group_size * self.head_dim, self.head_dim),) * self.kv_heads
-        return RowProjection(source, group, self.size, self.rank, parts=parts, sequence_dim=1 if sp else None)

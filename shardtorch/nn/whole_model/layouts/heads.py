@@ -155,16 +155,13 @@ def is_relative_position_bias(child: nn.Module, heads: int) -> bool:
     return type(child) is nn.Embedding and child.embedding_dim == heads and child.max_norm is None
 
 
-def classify_extras(module: nn.Module, skip: List[str], heads: int, head_dim: int,
-                    q_width: int, kv_width: int) -> Optional[Dict[str, str]]:
-    """{child name: "head norm" | "query norm" | "key norm" | "position bias"} for the children with
-    parameters beside the projections ``skip``, or None when one of them is none of these (then the
-    module is not recognised). Parameters of the module itself are not allowed."""
-    if any(True for _ in module.parameters(recurse=False)):
-        return None
+def classify_extras(children, heads: int, head_dim: int, q_width: int, kv_width: int) -> Optional[Dict[str, str]]:
+    """{child name: "head norm" | "query norm" | "key norm" | "position bias"} for the (name, child) pairs
+    ``children`` with parameters (those beside an attention's projections), or None when one of them is
+    none of these (then the module is not recognised)."""
     extras = {}
-    for name, child in module.named_children():
-        if name in skip or not any(True for _ in child.parameters()):
+    for name, child in children:
+        if not any(True for _ in child.parameters()):
             continue
         if is_per_head_norm(child, head_dim):
             extras[name] = "head norm"
@@ -228,16 +225,23 @@ def split_parameter_by_head(module: nn.Module, name: str, dim: int, group: str, 
     register_shard(module, name, dim, param.shape[dim], group, 1, unit)
 
 
+def _forward_parameters(module: nn.Module) -> List[str]:
+    try:
+        return list(inspect.signature(module.forward).parameters)
+    except (TypeError, ValueError):
+        return []
+
+
+def takes_alibi(module: nn.Module) -> bool:
+    return "alibi" in _forward_parameters(module)
+
+
 def slice_alibi_to_local_heads(module: nn.Module, split: HeadSplit) -> bool:
     """A forward taking ``alibi`` (Bloom's, [batch x heads, 1, keys], built by the model for every head)
-    gets this rank's heads' rows of it; returns whether it takes one."""
-    try:
-        parameters = inspect.signature(module.forward).parameters
-    except (TypeError, ValueError):
+    gets this rank's heads' rows of it (a contiguous run of heads); returns whether it takes one."""
+    if not takes_alibi(module):
         return False
-    if "alibi" not in parameters:
-        return False
-    position = list(parameters).index("alibi")
+    position = _forward_parameters(module).index("alibi")
     heads, first, local = split.heads, split.first_head, split.local_heads
 
     def local_rows(alibi: torch.Tensor) -> torch.Tensor:
