@@ -332,8 +332,8 @@ def case_masked_lm_labels_give_the_unsharded_masked_loss():
     assert list(out.keys())[0] == "loss", list(out.keys())
     as_tuple = par(input_ids=ids, labels=labels, return_dict=False)
     assert_close(as_tuple[0].detach(), expected.loss.detach(), F64, "BERT masked LM loss, return_dict=False")
-    # A model that declares no LM loss (a sequence classifier's head is not a vocabulary) is not touched,
-    # and a plain module with a vocabulary head gets no loss at all: labels are the caller's.
+    # A plain module with a vocabulary head (no Hugging Face output embeddings) gets no hook: its loss is
+    # the caller's.
     plain = ts.nn.parallelize(models.mingpt())
     assert not plain._forward_pre_hooks, plain._forward_pre_hooks
 
