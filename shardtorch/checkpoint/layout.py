@@ -19,9 +19,8 @@ from typing import Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from .. import _C
 from ..distributed import state
-from ..utils.shard_facts import named_parameter_shards, split_pieces
+from ..utils.shard_facts import ShardSpec, named_parameter_shards, split_pieces
 from ..utils.shards import shard_range
 from .dtensor_entries import Spec, check_mesh, dtensor_spec
 
@@ -41,6 +40,7 @@ class EntryLayout:
     fsdp: Optional[Spec] = field(default=None, compare=False)  # under fully_shard: (mesh, placements)
     blocks: int = 1                      # a head-aligned or fused split (shardtorch.utils.shard_facts)
     unit: int = 1
+    parts: Optional[Tuple[Tuple[int, int], ...]] = None  # fused parts of their own sizes (shard_facts)
 
     @property
     def sharded(self) -> bool:
@@ -49,7 +49,7 @@ class EntryLayout:
     @property
     def contiguous(self) -> bool:
         """Whether every rank holds one contiguous slice by the plain split rule."""
-        return self.blocks == 1 and self.unit == 1
+        return self.blocks == 1 and self.unit == 1 and self.parts is None
 
     def slice_of(self, group_rank: int) -> Tuple[int, int]:
         """(offset, length) along ``dim`` held by ``group_rank`` (a contiguous split only)."""
@@ -63,7 +63,8 @@ class EntryLayout:
     def pieces_of(self, group_rank: int) -> List[Tuple[int, int]]:
         """[(offset along ``dim`` in the full tensor, length)] held by
         ``group_rank``, in the order its shard stores them."""
-        return split_pieces(self.full_shape[self.dim], self.group_size, group_rank, self.blocks, self.unit)
+        return split_pieces(self.full_shape[self.dim], self.group_size, group_rank, self.blocks, self.unit,
+                            self.parts)
 
     def shard_shape(self, group_rank: int) -> Tuple[int, ...]:
         """The shape of the shard ``group_rank`` holds."""
@@ -84,10 +85,9 @@ class EntryLayout:
             start += length
 
 
-def _sharded_entries(model: torch.nn.Module) -> Dict[str, Tuple[int, str, Optional[int], int, int]]:
-    """{state-dict key: (split dim, group, recorded full size or None, blocks, unit)} for every sharded parameter."""
-    return {key: (spec.dim, spec.group, spec.full_size, spec.blocks, spec.unit)
-            for key, _, spec in named_parameter_shards(model)}
+def _sharded_entries(model: torch.nn.Module) -> Dict[str, ShardSpec]:
+    """{state-dict key: its ShardSpec} for every sharded parameter."""
+    return {key: spec for key, _, spec in named_parameter_shards(model)}
 
 
 def model_layout(model: torch.nn.Module, state_dict: Optional[dict] = None) -> Dict[str, EntryLayout]:
@@ -100,26 +100,25 @@ def model_layout(model: torch.nn.Module, state_dict: Optional[dict] = None) -> D
         state_dict = model.state_dict()
     sharded = _sharded_entries(model)
     by_group: Dict[str, List[str]] = {}
-    for key, (_, group, _, _, _) in sharded.items():
+    for key, spec in sharded.items():
         if key in state_dict:
-            by_group.setdefault(group, []).append(key)
+            by_group.setdefault(spec.group, []).append(key)
     full_sizes = {}
     # Every rank walks the groups in the same (sorted) order.
     for group, keys in sorted(by_group.items()):
-        full_sizes.update(_exchange_full_sizes(state_dict, keys, {k: sharded[k][0] for k in keys}, group,
-                                               {k: sharded[k][2] for k in keys},
-                                               {k: sharded[k][3] * sharded[k][4] for k in keys}))
+        full_sizes.update(_exchange_full_sizes(state_dict, {k: sharded[k] for k in keys}, group))
     layout = {}
     for key, tensor in state_dict.items():
         shape = tuple(tensor.shape)
         fsdp = dtensor_spec(tensor)
         if key in full_sizes:
-            dim, group, _, blocks, unit = sharded[key]
-            check_mesh(key, fsdp, group, _ranks_holding_the_same_shard(group))
+            spec = sharded[key]
+            check_mesh(key, fsdp, spec.group, _ranks_holding_the_same_shard(spec.group))
             full = list(shape)
-            full[dim] = full_sizes[key]
-            layout[key] = EntryLayout(key, shape, tuple(full), tensor.dtype, tensor.device, dim, group,
-                                      state.get_group_rank(group), state.get_group_size(group), fsdp, blocks, unit)
+            full[spec.dim] = full_sizes[key]
+            layout[key] = EntryLayout(key, shape, tuple(full), tensor.dtype, tensor.device, spec.dim, spec.group,
+                                      state.get_group_rank(spec.group), state.get_group_size(spec.group), fsdp,
+                                      spec.blocks, spec.unit, spec.parts)
         else:
             layout[key] = EntryLayout(key, shape, shape, tensor.dtype, tensor.device, fsdp=fsdp)
     return layout
@@ -135,9 +134,10 @@ def _ranks_holding_the_same_shard(group: str) -> List[int]:
 _MAX_DIMS = 8  # shapes travel padded to this many dimensions, so every rank sends the same length
 
 
-def _exchange_full_sizes(state_dict, keys: List[str], dims: Dict[str, int], group: str,
-                         recorded: Dict[str, Optional[int]], grains: Dict[str, int]) -> Dict[str, int]:
+def _exchange_full_sizes(state_dict, specs: Dict[str, ShardSpec], group: str) -> Dict[str, int]:
     size = state.get_group_size(group)
+    keys = list(specs)
+    dims = {k: spec.dim for k, spec in specs.items()}
     shapes = [tuple(state_dict[k].shape) for k in keys]
     if size == 1:
         return {k: shape[dims[k]] for k, shape in zip(keys, shapes)}
@@ -166,17 +166,19 @@ def _exchange_full_sizes(state_dict, keys: List[str], dims: Dict[str, int], grou
                 f"name the dimension that was split? see docs/torchshard.md)")
         per_rank = [shape[dim] for shape in per_rank_shapes]
         total = sum(per_rank)
-        # A head-aligned split holds whole grains (blocks x unit elements: one head from each fused part).
-        grain = grains[key]
-        expected = [grain * n for n in _C.shard_sizes(total // grain, size)] if total % grain == 0 else None
+        spec = specs[key]
+        # The lengths the split's pieces give (a head-aligned or fused split holds whole heads of every part).
+        expected = spec.local_lengths(total, size)
         if per_rank != expected:
             raise RuntimeError(
                 f"state dict entry {key!r}: shard sizes along dim {dim} over group {group!r} "
-                f"are {per_rank}, which break the split rule for a total of {total} in grains of {grain} "
-                f"(expected {expected})")
-        if recorded[key] is not None and recorded[key] != total:
+                f"are {per_rank}, which break the split rule for a total of {total} "
+                + ("" if spec.plain else f"in parts {spec.parts} " if spec.parts is not None
+                   else f"in grains of {spec.blocks * spec.unit} ")
+                + f"(expected {expected})")
+        if spec.full_size is not None and spec.full_size != total:
             raise RuntimeError(
-                f"state dict entry {key!r}: its layer records a full size of {recorded[key]} along dim "
-                f"{dims[key]}, but the shards over group {group!r} add up to {total} ({per_rank})")
+                f"state dict entry {key!r}: its layer records a full size of {spec.full_size} along dim "
+                f"{dim}, but the shards over group {group!r} add up to {total} ({per_rank})")
         result[key] = total
     return result

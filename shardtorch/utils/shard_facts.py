@@ -18,6 +18,19 @@ elements per head, ``units`` heads per part), and a group rank holds, from
 every part, the heads ``shard_range(units, size, rank)`` gives it. With
 ``blocks = unit = 1`` (the default) this is the plain split rule.
 
+Parts need not be equal: ``parts``, a tuple of ``(length, unit)`` pairs in
+the order they lie along the dimension, describes parts of different sizes
+and head sizes (Phi-3's fused ``qkv_proj`` under grouped-query attention:
+the query part holds ``heads x head_dim`` rows, the key and value parts
+``kv_heads x head_dim`` each; with the query heads taken in groups of
+``heads / kv_heads`` every part has ``kv_heads`` units and a rank holds the
+same key/value heads' rows from each). Each part is split by
+``shard_range(length // unit, size, rank)`` on its own, so a part with
+fewer units than ranks (the single key/value head of multi-query attention)
+lies whole on the first ranks and not at all on the others: the pieces of
+the ranks never overlap and together cover the tensor once. Blocks and unit
+are the special case ``parts = ((length / blocks, unit),) * blocks``.
+
 A parameter that no module registered but that carries a parallel mark on the
 tensor (``ts.register_parallel_dim`` / ``ts.set_attribute``, the way
 hand-written TorchShard-style layers mark theirs) is read from that mark, with
@@ -50,33 +63,73 @@ class ShardSpec:
     group: str
     blocks: int = 1
     unit: int = 1
+    parts: Optional[Tuple[Tuple[int, int], ...]] = None
 
     @property
     def plain(self) -> bool:
-        return self.blocks == 1 and self.unit == 1
+        return self.blocks == 1 and self.unit == 1 and self.parts is None
 
     def pieces(self, full_size: int, group_size: int, group_rank: int) -> List[Tuple[int, int]]:
         """[(offset along dim in the whole tensor, length)] that ``group_rank``
         holds, in the order its shard stores them."""
-        return split_pieces(full_size, group_size, group_rank, self.blocks, self.unit)
+        return split_pieces(full_size, group_size, group_rank, self.blocks, self.unit, self.parts)
+
+    def local_lengths(self, full_size: int, group_size: int) -> Optional[List[int]]:
+        """The length along ``dim`` of every group rank's shard of a tensor of
+        ``full_size``, or None where that size does not fit this split."""
+        try:
+            return [sum(length for _, length in self.pieces(full_size, group_size, rank))
+                    for rank in range(group_size)]
+        except ValueError:
+            return None
+
+
+def _check_parts(parts) -> Tuple[Tuple[int, int], ...]:
+    if not isinstance(parts, (tuple, list)) or not parts:
+        raise ValueError(f"split_pieces: parts must be a non-empty tuple of (length, unit) pairs, got {parts!r}")
+    checked = []
+    for part in parts:
+        if (not isinstance(part, (tuple, list)) or len(part) != 2
+                or not all(isinstance(n, int) and not isinstance(n, bool) for n in part)
+                or part[0] < 0 or part[1] < 1 or part[0] % part[1] != 0):
+            raise ValueError(f"split_pieces: each part must be (length, unit) with length a non-negative "
+                             f"multiple of a positive unit, got {part!r} in {parts!r}")
+        checked.append((part[0], part[1]))
+    return tuple(checked)
 
 
 def split_pieces(full_size: int, group_size: int, group_rank: int, blocks: int = 1,
-                 unit: int = 1) -> List[Tuple[int, int]]:
-    """The pieces of a ``blocks x units x unit`` split (see the module docstring)."""
-    if full_size % (blocks * unit) != 0:
-        raise ValueError(f"split_pieces: full_size {full_size} is not blocks ({blocks}) x unit ({unit}) x an "
-                         f"integer number of units")
-    units = full_size // (blocks * unit)
-    start, stop = shard_range(units, group_size, group_rank)
-    return [(b * units * unit + start * unit, (stop - start) * unit) for b in range(blocks)]
+                 unit: int = 1, parts: Optional[Tuple[Tuple[int, int], ...]] = None) -> List[Tuple[int, int]]:
+    """The pieces of a ``blocks x units x unit`` split, or of ``parts`` (see
+    the module docstring): [(offset, length)] in the order the shard stores
+    them. A rank that holds nothing of a part has no piece of it (one empty
+    piece where it holds nothing at all)."""
+    if parts is None:
+        if full_size % (blocks * unit) != 0:
+            raise ValueError(f"split_pieces: full_size {full_size} is not blocks ({blocks}) x unit ({unit}) x an "
+                             f"integer number of units")
+        parts = ((full_size // blocks, unit),) * blocks
+    else:
+        parts = _check_parts(parts)
+        if sum(length for length, _ in parts) != full_size:
+            raise ValueError(f"split_pieces: the parts {parts} add up to {sum(n for n, _ in parts)}, not to "
+                             f"full_size {full_size}")
+    pieces, offset = [], 0
+    for length, part_unit in parts:
+        start, stop = shard_range(length // part_unit, group_size, group_rank)
+        if stop > start:
+            pieces.append((offset + start * part_unit, (stop - start) * part_unit))
+        offset += length
+    return pieces or [(0, 0)]
 
 
 def register_shard(module: nn.Module, name: str, dim: int, full_size: int,
-                   group: str = state.TENSOR_PARALLEL, blocks: int = 1, unit: int = 1) -> None:
+                   group: str = state.TENSOR_PARALLEL, blocks: int = 1, unit: int = 1,
+                   parts: Optional[Tuple[Tuple[int, int], ...]] = None) -> None:
     """Records that ``module``'s parameter ``name`` is this rank's slice of a
     tensor split along ``dim`` (non-negative) into ``full_size`` elements in all
-    (``blocks`` fused parts of heads of ``unit`` elements each: see the module docstring)."""
+    (``blocks`` fused parts of heads of ``unit`` elements each, or ``parts`` of
+    their own lengths and units: see the module docstring)."""
     if not isinstance(module, nn.Module):
         raise TypeError(f"register_shard: module must be a torch.nn.Module, got {type(module).__name__}")
     if not isinstance(dim, int) or isinstance(dim, bool) or dim < 0:
@@ -88,11 +141,19 @@ def register_shard(module: nn.Module, name: str, dim: int, full_size: int,
     for what, value in (("blocks", blocks), ("unit", unit)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"register_shard: {what} must be a positive int, got {value!r}")
-    if full_size % (blocks * unit) != 0:
+    if parts is not None:
+        if (blocks, unit) != (1, 1):
+            raise ValueError(f"register_shard: give either parts or blocks and unit for {name!r}, got parts "
+                             f"{parts!r} with blocks {blocks} and unit {unit}")
+        parts = _check_parts(parts)
+        if sum(length for length, _ in parts) != full_size:
+            raise ValueError(f"register_shard: the parts of {name!r} ({parts}) must add up to full_size "
+                             f"({full_size})")
+    elif full_size % (blocks * unit) != 0:
         raise ValueError(f"register_shard: full_size ({full_size}) must be a multiple of blocks x unit "
                          f"({blocks} x {unit}) for {name!r}")
     specs = module.__dict__.setdefault(_SPECS_ATTR, {})
-    specs[name] = ShardSpec(dim, full_size, group, blocks, unit)
+    specs[name] = ShardSpec(dim, full_size, group, blocks, unit, parts)
     from .dcp_marks import track  # its state-dict entries tell torch.distributed.checkpoint their place
     track(module, name, specs[name])
 

@@ -3,7 +3,6 @@ BERT, timm ViT, a minGPT-style model) sharded in one call against the same
 model unsharded, in float64: logits, loss, every parameter's gradient
 (collected), and every parameter after 5 AdamW steps."""
 import collections
-import os
 import tempfile
 
 import torch
@@ -162,6 +161,18 @@ def check_against_unsharded(build, step, name, reference=None, **options):
     return par
 
 
+def check_relocated(build, step, what):
+    """A full state dict on rank 0 relocated into a parallelized model of other weights gives the logits of
+    the unsharded model holding it."""
+    torch.manual_seed(123)
+    source = build().to(F64)
+    torch.manual_seed(7)
+    target = ts.nn.parallelize(build().to(F64), logits="sharded")  # the steps compute the parallel loss
+    full = source.state_dict() if ts.distributed.get_rank() == 0 else None
+    target.load_state_dict(ts.relocate_state_dict(target, full, src=0), strict=True)
+    assert_close(step(target, True, 3)[1], step(source, False, 3)[1], F64, what)
+
+
 def case_gpt2_matches_unsharded():
     check_against_unsharded(models.gpt2, _causal_step, "gpt2")
 
@@ -313,12 +324,22 @@ def case_bad_plans_raise_on_every_rank_before_any_collective():
     torch.distributed.barrier()
 
 
-def case_bert_labels_refused_clearly():
-    model = models.bert()
-    ts.nn.parallelize(model)
+def case_masked_lm_labels_give_the_unsharded_masked_loss():
+    # BertForMaskedLM declares loss_type ForMaskedLM: labels= gives the masked LM loss (no shift) from the
+    # shards, where its own forward would have run a whole-vocabulary torch loss on them.
+    ref, par = _pair(models.bert)
     ids, labels = _tokens()
-    expect_error(lambda: model(input_ids=ids, labels=labels), "BertForMaskedLM(labels=...)",
-                 "ts.nn.ParallelCrossEntropyLoss", exception=ValueError)
+    labels[:, ::2] = -100
+    expected = ref(input_ids=ids, labels=labels)
+    out = par(input_ids=ids, labels=labels)
+    assert_close(out.loss.detach(), expected.loss.detach(), F64, "BERT masked LM loss")
+    assert list(out.keys())[0] == "loss", list(out.keys())
+    as_tuple = par(input_ids=ids, labels=labels, return_dict=False)
+    assert_close(as_tuple[0].detach(), expected.loss.detach(), F64, "BERT masked LM loss, return_dict=False")
+    # A plain module with a vocabulary head (no Hugging Face output embeddings) gets no hook: its loss is
+    # the caller's.
+    plain = ts.nn.parallelize(models.mingpt())
+    assert not plain._forward_pre_hooks, plain._forward_pre_hooks
 
 
 def case_fused_causal_lm_loss_matches_unsharded():
@@ -357,13 +378,7 @@ def case_checkpoints_are_the_unsharded_models_own():
     # An unsharded state dict relocated into a freshly parallelized model (other weights) at this group size.
     for build, step in ((models.gpt2, _causal_step), (models.llama, _causal_step), (models.vit, _image_step),
                         (lambda: models.llama(kv_heads=2, heads=8), _causal_step)):
-        torch.manual_seed(123)
-        source = build().to(F64)
-        torch.manual_seed(7)
-        target = ts.nn.parallelize(build().to(F64))
-        full = source.state_dict() if ts.distributed.get_rank() == 0 else None
-        target.load_state_dict(ts.relocate_state_dict(target, full, src=0), strict=True)
-        assert_close(step(target, True, 3)[1], step(source, False, 3)[1], F64, "relocated logits")
+        check_relocated(build, step, "relocated logits")
     torch.distributed.barrier()
     if ts.distributed.get_rank() == 0:
         import shutil
@@ -379,7 +394,7 @@ def case_verbose_prints_plan_shards_and_memory():
     text = out.getvalue()
     if ts.distributed.get_group_rank() == 0:
         heads = len(range(0, 10, ts.distributed.get_group_size()))
-        assert "transformer.h.0.attn: attention (gpt2)" in text, text
+        assert "transformer.h.0.attn: attention (fused c_attn by part)" in text, text
         assert f"transformer.h.0.attn.c_attn.weight: shard (60, {18 * heads}) of (60, 180)" in text, text
         assert "parameters per rank:" in text and "left whole:" in text, text
         assert "labels=: vocabulary-parallel causal LM loss" in text, text
@@ -447,3 +462,89 @@ def case_attention_dropout_draws_from_the_model_parallel_stream():
     losses = [torch.zeros((), dtype=F64) for _ in range(ts.distributed.get_group_size())]
     torch.distributed.all_gather(losses, loss.detach(), group=ts.distributed.get_group())
     assert all(torch.equal(value, losses[0]) for value in losses), f"ranks disagree on the loss: {losses}"
+
+
+class _BiasedExperts(torch.nn.Module):
+    """3-D experts with biases (GPT-OSS's kind): a bias on the down projection would be added once per
+    rank, so no layout takes them."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate_up_proj = torch.nn.Parameter(torch.randn(4, 2 * 8, 12))
+        self.gate_up_proj_bias = torch.nn.Parameter(torch.randn(4, 2 * 8))
+        self.down_proj = torch.nn.Parameter(torch.randn(4, 12, 8))
+        self.down_proj_bias = torch.nn.Parameter(torch.randn(4, 12))
+
+
+class _Zoo(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        from timm.layers import Mlp
+        self.gpt2_named = torch.nn.Module()  # GPT-2's names, made of nn.Linear: an MLP of known layout
+        self.gpt2_named.c_fc, self.gpt2_named.c_proj = torch.nn.Linear(12, 20), torch.nn.Linear(20, 12)
+        self.normed = Mlp(12, 20, norm_layer=torch.nn.LayerNorm)  # a norm over the shard between fc1 and fc2
+        self.experts = _BiasedExperts()
+
+
+def case_what_is_left_whole_is_warned_about_and_listed():
+    import warnings
+    model = _Zoo()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ts.nn.parallelize(model)
+    message = " ".join(str(w.message) for w in caught if "parallelize" in str(w.message))
+    assert type(model.gpt2_named.c_fc).__name__ == "ColumnProjection", model.gpt2_named
+    for expected in ("normed (Mlp): MLP of unknown layout", "experts (_BiasedExperts): experts left whole"):
+        assert expected in message, message
+        assert expected in unplaced(model), unplaced(model)
+    assert "gpt2_named" not in message, message
+    # A Hugging Face model parallelized with an empty plan: its attention, MLPs and vocabulary are named.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ts.nn.parallelize(models.llama(), plan={})
+    message = " ".join(str(w.message) for w in caught)
+    # StableLM's per-head layer norms, one per head in a list: its forward would pair this rank's heads
+    # with the list's first norms, so its attention stays whole.
+    from transformers import StableLmConfig, StableLmForCausalLM
+    stablelm = StableLmForCausalLM(StableLmConfig(vocab_size=97, hidden_size=48, intermediate_size=80,
+                                                  num_hidden_layers=1, num_attention_heads=4, qk_layernorm=True))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ts.nn.parallelize(stablelm)
+    assert "model.layers.0.self_attn (StableLmAttention): attention of unknown layout" in " ".join(
+        str(w.message) for w in caught), [str(w.message) for w in caught]
+    for expected in ("model.layers.0.self_attn (LlamaAttention): attention of unknown layout",
+                     "model.layers.1.mlp (LlamaMLP): MLP of unknown layout",
+                     "model.embed_tokens (Embedding): vocabulary left whole", "lm_head (Linear): vocabulary left whole"):
+        assert expected in message, message
+
+
+class _ReadsItsTable(torch.nn.Embedding):
+    def forward(self, input):
+        return F.embedding(input, self.weight) * 2.0
+
+
+def case_a_vocabulary_read_as_whole_is_refused_or_follows():
+    import warnings
+    from tests.distributed.zoo_models import ZOO
+    # An nn.Embedding subclass that looks its table up itself would read its shard as the whole table.
+    model = torch.nn.Sequential(_ReadsItsTable(97, 8), torch.nn.Linear(8, 97))
+    expect_error(lambda: ts.nn.parallelize(model, plan={"0": "vocab", "1": "vocab"}), "'0' (_ReadsItsTable)",
+                 "overrides nn.Embedding's lookup", exception=ValueError)
+    # T5's encoder and decoder embed_tokens share the 'shared' table: named in the auto plan, and following
+    # a plan that names only 'shared' (before, they held its shard as a whole table: silently wrong).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        build = ZOO["t5"][0]
+        torch.manual_seed(0)
+        ref = build().to(F64)
+        torch.manual_seed(0)
+        par = build().to(F64)
+    plan = ts.nn.auto_plan(par)
+    assert {name for name, style in plan.items() if style == "vocab"} == {
+        "shared", "encoder.embed_tokens", "decoder.embed_tokens", "lm_head"}, plan
+    ts.nn.parallelize(par, plan={"shared": "vocab", "lm_head": "vocab"})
+    assert par.encoder.embed_tokens.weight is par.shared.weight is par.lm_head.weight
+    ids = torch.arange(96, 96 - 21, -1).reshape(3, 7)  # ids beyond every rank's own rows
+    expected = ref(input_ids=ids, decoder_input_ids=ids).logits.detach()
+    assert_close(_whole(par(input_ids=ids, decoder_input_ids=ids).logits, True), expected, F64, "T5 logits")

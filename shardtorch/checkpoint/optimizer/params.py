@@ -121,5 +121,6 @@ def split_state_entry(entry: EntryLayout, kind: str, key: str, dtype: torch.dtyp
     laid out as ``entry``: the parameter's own, or (rows) that of its dim 0."""
     if kind == "rows":
         return EntryLayout(key, entry.local_shape[:1], entry.full_shape[:1], dtype, device, 0, entry.group,
-                           entry.group_rank, entry.group_size, blocks=entry.blocks, unit=entry.unit)
+                           entry.group_rank, entry.group_size, blocks=entry.blocks, unit=entry.unit,
+                           parts=entry.parts)
     return dataclasses.replace(entry, key=key, dtype=dtype, device=device)

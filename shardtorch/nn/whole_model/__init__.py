@@ -1,16 +1,23 @@
 """``ts.nn.parallelize`` (this package: ``shardtorch.nn.whole_model``): a whole transformer sharded in one call.
 
-Files: plan.py (the plan: discovery and checks), blocks.py (the attention and
-MLP layouts it knows and their head bookkeeping), layers.py (the head-aware
-column/row projections), vocabulary.py (vocabulary-parallel embedding, LM
-head and loss), apply.py (``parallelize``), report.py (``verbose``);
-pretrained.py (``from_pretrained``, ``from_config``: models no rank holds
-whole) with model_source.py, meta_build.py, materialize.py, init_replay.py.
-See docs/parallelize.md.
+Files: plan.py (the plan: discovery, and each entry resolved once to its
+layout), layouts/ (the attention, MLP and experts layouts it knows, by family,
+and their head bookkeeping), layers.py (the head-aware column/row
+projections), norms.py (norms beside split heads), vocabulary.py
+(vocabulary-parallel embeddings and LM head, tied modules included), loss.py
+(the LM loss from the shards), logits.py (the logits a user reads, whole),
+hf_methods.py (save_pretrained, push_to_hub and generate of a parallelized
+Hugging Face model), apply.py (``parallelize``), left_whole.py (what stays
+whole), report.py (``verbose``); pretrained.py (``from_pretrained``,
+``from_config``: models no rank holds whole) with model_source.py,
+meta_build.py, materialize.py and init_replay.py. See docs/parallelize.md and
+docs/pretrained.md.
 """
 from .apply import parallelize
-from .plan import STYLES, auto_plan, unplaced
+from .left_whole import unplaced
+from .loss import VocabParallelCausalLMLoss, VocabParallelLMLoss, causal_lm_loss
+from .plan import STYLES, auto_plan
 from .pretrained import from_config, from_pretrained
-from .vocabulary import VocabParallelCausalLMLoss, causal_lm_loss
 
-__all__ = ["parallelize", "from_pretrained", "from_config", "auto_plan", "unplaced", "STYLES", "causal_lm_loss", "VocabParallelCausalLMLoss"]
+__all__ = ["parallelize", "from_pretrained", "from_config", "auto_plan", "unplaced", "STYLES", "causal_lm_loss", "VocabParallelLMLoss",
+           "VocabParallelCausalLMLoss"]

@@ -2,6 +2,7 @@
 import warnings
 from typing import Dict, List, Tuple, Union
 
+import torch
 from torch import nn
 
 from ...distributed import state
@@ -9,15 +10,17 @@ from ...distributed import mappings
 from ...utils.shard_facts import named_parameter_shards, registered_shards
 from ..linear import ParallelLinear
 from ..parallel.plain_ddp import register_ddp_parameters_to_ignore
-from .blocks import find_layout
 from .layers import (ColumnProjection, ReplicatedKeyValue, RowProjection, SharedInputCopy,
                      draw_dropout_from_model_parallel_stream, gather_sequence_after, gather_sequence_before,
                      scatter_sequence_before)
-from .plan import auto_plan, check_plan, unplaced
+from .left_whole import WARNED, describe, left_whole
+from .loss import install_loss
+from .norms import gradients_summed_by_a_hook
+from .plan import Placement, resolve
 from .report import parameter_bytes, print_report
 from .hf_methods import parallel_hf_methods
 from .logits import check_logits_option, gather_output_logits
-from .vocabulary import install_loss, tie, vocabulary_parallel
+from .vocabulary import tie, vocabulary_parallel
 
 
 def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", group: str = state.TENSOR_PARALLEL,
@@ -29,9 +32,11 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
             (built under the same seed, or loaded), on its device.
         plan: "auto" (``auto_plan(model)``) or {qualified module name: style},
             styles as in ``STYLES``: "attention" and "mlp" (a known layout:
-            Megatron's pairing, heads whole), "column" / "row" (one Linear or
-            Conv1D), "vocab" (token embedding or LM head split by vocabulary
-            rows; the head's logits stay sharded and marked), "replicate".
+            Megatron's pairing, heads whole), "experts" (a bank of experts
+            split along their intermediate dimension), "column" / "row" (one
+            Linear or Conv1D), "vocab" (token embedding or LM head split by
+            vocabulary rows, with every module tied to it; the head's logits
+            stay sharded and marked), "replicate".
         group: the shardtorch group name ("tp").
         sequence_parallel: split the regions between blocks (norms, dropout,
             residuals) along the sequence (dim 1 of [batch, sequence, ...]):
@@ -40,7 +45,8 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
             takes this rank's slice and the last block's output is gathered
             whole again (same communication volume, activations 1/N there).
         verbose: print the plan, shard shapes, what stays whole, and the
-            parameter memory per rank against the whole model (group rank 0).
+            parameter memory of every rank against the whole model (printed
+            by group rank 0; every rank of the group must pass the same).
         logits: "whole" (what the model returns holds the unsharded model's
             logits, gathered along the vocabulary for the positions computed;
             its own loss is still computed from the shards) or "sharded" (the
@@ -48,12 +54,14 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
 
     The model's own forward runs unchanged: each attention's head-count
     attributes are set to its local heads. A bad plan raises ValueError on
-    every rank before any collective. A Hugging Face causal LM called with
-    ``labels=`` then computes the vocabulary-parallel loss from the shards, and
-    returns the logits whole (``logits``). A Hugging Face model's
-    ``save_pretrained`` (called on every rank) then writes the unsharded
-    model's checkpoint (shardtorch.checkpoint.save_pretrained), and its
-    ``generate`` checks that every rank of the group was given the same inputs.
+    every rank before any collective. A Hugging Face LM called with
+    ``labels=`` then computes its declared loss (causal, masked, or
+    encoder-decoder) from the shards (loss.py), and returns the logits whole
+    (``logits``). Attention, MLPs, experts and a vocabulary left whole are
+    named in a warning. A Hugging Face model's ``save_pretrained`` (called on
+    every rank) then writes the unsharded model's checkpoint
+    (shardtorch.checkpoint.save_pretrained), and its ``generate`` checks that
+    every rank of the group was given the same inputs.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"parallelize: model must be a torch.nn.Module, got {type(model).__name__}")
@@ -63,31 +71,26 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
         raise TypeError(f"parallelize: group must be a shardtorch group name (str), got {group!r}")
     check_logits_option(logits)
     size, rank = state.get_group_size(group), state.get_group_rank(group)
-    if isinstance(plan, str):
-        if plan != "auto":
-            raise ValueError(f"parallelize: plan must be 'auto' or a dict {{module name: style}}, got {plan!r}")
-        plan = auto_plan(model)
-    check_plan(model, plan, size)
-    blocks = _sequence_parallel_blocks(model, plan) if sequence_parallel else []
+    placements = resolve(model, plan, size, sequence_parallel)
+    blocks = _sequence_parallel_blocks(model, placements) if sequence_parallel else []
     whole_bytes = parameter_bytes(model)
     modules = dict(model.named_modules())
-    order = {name: i for i, name in enumerate(modules)}
     placed: List[Tuple[str, str, str]] = []
     replaced: Dict[int, tuple] = {}
-    for name in sorted(plan, key=order.__getitem__):
-        style, module = plan[name], modules[name]
+    for placement in placements:
+        name, style, module = placement.name, placement.style, placement.module
         if style == "replicate":
             placed.append((name, style, "whole"))
             continue
-        if style in ("attention", "mlp"):
-            layout = find_layout(module, style)
-            changed = layout.apply(module, group, size, rank, sequence_parallel)
+        if placement.layout is not None:
+            layout, fit = placement.layout, placement.fit
+            changed = layout.apply(module, fit, group, size, rank, sequence_parallel)
             if sequence_parallel:
-                gather_sequence_before(layout.gather_point(module), group)
-            elif layout.head_dropout_region(module) is not None:
-                draw_dropout_from_model_parallel_stream(layout.head_dropout_region(module))
+                gather_sequence_before(layout.gather_point(module, fit), group)
+            elif layout.head_dropout_region(module, fit) is not None:
+                draw_dropout_from_model_parallel_stream(layout.head_dropout_region(module, fit))
             notes = ", ".join(f"{k}={v}" for k, v in changed.items())
-            placed.append((name, f"{style} ({layout.name})", notes))
+            placed.append((name, f"{style} ({fit.variant})", notes))
             continue
         if style == "column":
             new = ColumnProjection(module, group, size, rank, SharedInputCopy(group, 1))
@@ -114,16 +117,29 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
     parallel_hf_methods(model, group)
     head = _parallel_head(model)
     loss = install_loss(model, head, group) if head is not None else None
-    vocabulary_head = head or _vocabulary_head(model, plan)
+    vocabulary_head = head or _vocabulary_head(model, placements)
     if vocabulary_head is not None and logits == "whole":
         gather_output_logits(model, vocabulary_head.weight.shape[0], vocabulary_head.out_features, group)
-    left = unplaced(model)
-    attention_left = [entry for entry in left if "attention" in entry.lower()]
-    if attention_left:
-        warnings.warn("parallelize: attention left whole (unknown layout): " + "; ".join(attention_left))
-    if verbose and rank == 0:
-        print_report(model, placed, left, whole_bytes, loss, group, size)
+    whole = left_whole(model)
+    warned = [describe(entry) for entry in whole if entry[2] in WARNED]
+    if warned:
+        warnings.warn("parallelize: left whole (each rank holds and computes all of it): " + "; ".join(warned))
+    if verbose:
+        rank_bytes = _bytes_per_rank(parameter_bytes(model), group, size)
+        if rank == 0:
+            print_report(model, placed, [describe(entry) for entry in whole], whole_bytes, loss, group, size,
+                         rank_bytes)
     return model
+
+
+def _bytes_per_rank(local: int, group: str, size: int) -> List[int]:
+    """Every group rank's parameter bytes, in group rank order (one small all-gather)."""
+    if size == 1:
+        return [local]
+    mine = torch.tensor([local], dtype=torch.int64)
+    everyone = [torch.zeros_like(mine) for _ in range(size)]
+    torch.distributed.all_gather(everyone, mine, group=state.get_group(group))
+    return [int(t) for t in everyone]
 
 
 def sum_partial_gradients(model: nn.Module, blocks: List[nn.Module], group: str) -> None:
@@ -131,7 +147,8 @@ def sum_partial_gradients(model: nn.Module, blocks: List[nn.Module], group: str)
     see only this rank's part of the sequence, so each rank's gradient is a partial sum: a hook all-reduces it
     over the group (one all-reduce per such parameter in backward)."""
     sharded = {id(p) for _, p, _ in named_parameter_shards(model)}
-    summed = {id(p) for m in model.modules() if isinstance(m, ReplicatedKeyValue) for p in m.parameters()}
+    summed = {id(p) for m in model.modules() if isinstance(m, ReplicatedKeyValue) or gradients_summed_by_a_hook(m)
+              for p in m.parameters(recurse=False)}
     seen = set()
     for block in blocks:
         for param in block.parameters():
@@ -141,15 +158,16 @@ def sum_partial_gradients(model: nn.Module, blocks: List[nn.Module], group: str)
             param.register_hook(lambda grad: mappings.reduce(grad, group))
 
 
-def _sequence_parallel_blocks(model: nn.Module, plan: Dict[str, str]) -> List[str]:
+def _sequence_parallel_blocks(model: nn.Module, placements: List[Placement]) -> List[str]:
     """The blocks (parents of the planned attention modules) in model order: the sequence-parallel region
     runs from the first one's input to the last one's output."""
     modules = list(dict(model.named_modules()))
-    parents = {name.rpartition(".")[0] for name, style in plan.items() if style == "attention"}
+    parents = {p.name.rpartition(".")[0] for p in placements if p.style == "attention"}
     if not parents or "" in parents:
         raise ValueError("parallelize: sequence_parallel=True needs attention modules inside blocks in the plan "
-                         f"(the blocks bound the sequence-parallel region), got plan {plan}")
-    if any(style in ("column", "row") for style in plan.values()):
+                         f"(the blocks bound the sequence-parallel region), got plan "
+                         f"{ {p.name: p.style for p in placements} }")
+    if any(p.style in ("column", "row") for p in placements):
         raise ValueError("parallelize: sequence_parallel=True works with 'attention' and 'mlp' entries, not with "
                          "'column' / 'row' ones")
     return sorted(parents, key=modules.index)
@@ -164,11 +182,11 @@ def _set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
     setattr(parent, child, new)
 
 
-def _vocabulary_head(model: nn.Module, plan: Dict[str, str]):
+def _vocabulary_head(model: nn.Module, placements):
     """The LM head the plan split by vocabulary (a model without Hugging Face's get_output_embeddings)."""
-    for name, style in plan.items():
-        if style == "vocab" and name:
-            module = model.get_submodule(name)
+    for placement in placements:
+        if placement.style == "vocab" and placement.name:
+            module = model.get_submodule(placement.name)
             if isinstance(module, ParallelLinear) and module.dim in (1, -1):
                 return module
     return None

@@ -7,7 +7,7 @@ They keep the replaced layer's parameter names and orientation (a Conv1D's
 weight stays [in, out]), so that the model's state-dict keys do not change and
 a collected checkpoint is the unsharded model's own.
 """
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -97,9 +97,11 @@ def _replace_argument(args, kwargs, function):
 def _check_sequence(tensor: torch.Tensor, dim: int, group: str) -> None:
     from ...distributed import state
     size = state.get_group_size(group)
-    if tensor.dim() <= dim or tensor.shape[dim] < size:
-        raise ValueError(f"parallelize(sequence_parallel=True): the hidden states must be [batch, sequence, ...] "
-                         f"with at least {size} positions (one per rank), got shape {tuple(tensor.shape)}")
+    # Three dimensions: a block reading [batch, height, width, features] (Swin's windows) would split rows
+    # of its image, which its window partition cannot read.
+    if tensor.dim() != 3 or tensor.shape[dim] < size:
+        raise ValueError(f"parallelize(sequence_parallel=True): the hidden states must be [batch, sequence, "
+                         f"features] with at least {size} positions (one per rank), got shape {tuple(tensor.shape)}")
 
 
 def gather_sequence_before(module: nn.Module, group: str, dim: int = 1):
@@ -152,63 +154,127 @@ class ColumnProjection(nn.Module):
     q/k/v projection) of heads of ``unit`` features, and this rank holds, from
     every part, the heads ``shard_range(heads, size, rank)`` gives it. (A
     ``unit`` of several heads keeps groups of them together: grouped-query
-    attention's query heads that share a key/value head.) The input is whole; its gradient is
-    all-reduced once per ``shared`` copy."""
+    attention's query heads that share a key/value head.) ``parts`` instead:
+    fused parts of their own lengths and units (shardtorch.utils.shard_facts).
+    The input is whole; its gradient is all-reduced once per ``shared`` copy.
+
+    ``gathered`` ({part index: unit indices or None}): parts this rank needs
+    whole although it holds at most a slice of them (the key/value part of a
+    fused projection with fewer key/value heads than ranks). Each forward
+    sums the ranks' slices of such a part over the group (every rank then
+    holds it whole, and its gradient is summed back over the group in
+    backward, so the rank that holds a row gets every rank's share), and uses
+    the units listed (all of them for None), in that order, where the part's
+    output lies."""
 
     def __init__(self, source: nn.Module, group: str, group_size: int, group_rank: int, shared,
-                 blocks: int = 1, unit: int = 1) -> None:
+                 blocks: int = 1, unit: int = 1, parts: Optional[Tuple[Tuple[int, int], ...]] = None,
+                 gathered: Optional[Dict[int, Optional[List[int]]]] = None) -> None:
         super().__init__()
         self.transposed = is_conv1d(source)
         in_features, out_features = projection_sizes(source)
         self.full_in_features, self.full_out_features = in_features, out_features
-        self.group, self.blocks, self.unit = group, blocks, unit
-        self.pieces = split_pieces(out_features, group_size, group_rank, blocks, unit)
+        self.group, self.blocks, self.unit, self.parts = group, blocks, unit, parts
+        self.pieces = split_pieces(out_features, group_size, group_rank, blocks, unit, parts)
         out_dim = 1 if self.transposed else 0
         self.weight = nn.Parameter(_rows(source.weight, out_dim, self.pieces),
                                    requires_grad=source.weight.requires_grad)
         self.bias = None if source.bias is None else nn.Parameter(_rows(source.bias, 0, self.pieces),
                                                                   requires_grad=source.bias.requires_grad)
         self.in_features = in_features
-        self.out_features = sum(length for _, length in self.pieces)
-        register_shard(self, "weight", out_dim, out_features, group, blocks, unit)
+        self._segments = _output_segments(out_features, self.pieces, parts, gathered or {})
+        self.out_features = sum(_segment_length(segment) for segment in self._segments)
+        register_shard(self, "weight", out_dim, out_features, group, blocks, unit, parts)
         if self.bias is not None:
-            register_shard(self, "bias", 0, out_features, group, blocks, unit)
+            register_shard(self, "bias", 0, out_features, group, blocks, unit, parts)
         self._shared = shared
         self.train(source.training)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return _apply(self._shared(input), self.weight, self.bias, self.transposed)
+        if len(self._segments) == 1 and self._segments[0][0] == "held":
+            weight, bias = self.weight, self.bias
+        else:
+            out_dim = 1 if self.transposed else 0
+            weight = self._assemble(self.weight, out_dim)
+            bias = None if self.bias is None else self._assemble(self.bias, 0)
+        return _apply(self._shared(input), weight, bias, self.transposed)
+
+    def _assemble(self, held: torch.Tensor, dim: int) -> torch.Tensor:
+        rows = []
+        for segment in self._segments:
+            if segment[0] == "held":
+                rows.append(held.narrow(dim, segment[1], segment[2]))
+                continue
+            _, start, length, before, after, part_unit, units = segment
+            mine = held.narrow(dim, start, length)
+            padding = [0, 0] * (held.dim() - 1 - dim) + [before, after]
+            # Zeros where other ranks hold the part: the sum over the group is the whole part.
+            whole = mappings.copy(mappings.reduce(F.pad(mine, padding), self.group), self.group)
+            if units is None:
+                rows.append(whole)
+            else:
+                rows += [whole.narrow(dim, u * part_unit, part_unit) for u in units]
+        return rows[0] if len(rows) == 1 else torch.cat(rows, dim)
 
     def extra_repr(self) -> str:
         kind = "Conv1D" if self.transposed else "Linear"
-        return (f"{kind} {self.full_in_features}->{self.full_out_features}, column-parallel, blocks={self.blocks}, "
-                f"unit={self.unit}, shard={tuple(self.weight.shape)}, group={self.group!r}")
+        split = f"parts={self.parts}" if self.parts is not None else f"blocks={self.blocks}, unit={self.unit}"
+        return (f"{kind} {self.full_in_features}->{self.full_out_features}, column-parallel, {split}, "
+                f"shard={tuple(self.weight.shape)}, group={self.group!r}")
+
+
+def _segment_length(segment) -> int:
+    if segment[0] == "held":
+        return segment[2]
+    _, _, length, before, after, part_unit, units = segment
+    return length + before + after if units is None else part_unit * len(units)
+
+
+def _output_segments(out_features: int, pieces, parts, gathered):
+    """The output of a column projection as segments of rows, in order: ("held", start, length) rows of
+    this rank's shard, or ("whole", start, length, before, after, unit, units) a part summed whole over the
+    group from this rank's ``length`` rows at ``start`` (``before`` and ``after`` rows of it held elsewhere)."""
+    if not gathered:
+        return [("held", 0, sum(length for _, length in pieces))]
+    segments, part_offset, local = [], 0, 0
+    for index, (part_length, part_unit) in enumerate(parts):
+        mine = [(offset, length) for offset, length in pieces
+                if length and part_offset <= offset < part_offset + part_length]
+        offset, length = mine[0] if mine else (part_offset, 0)
+        if index in gathered:
+            segments.append(("whole", local, length, offset - part_offset, part_offset + part_length - offset - length,
+                             part_unit, gathered[index]))
+        elif length:
+            segments.append(("held", local, length))
+        local += length
+        part_offset += part_length
+    return segments
 
 
 class RowProjection(nn.Module):
     """A Linear or Conv1D whose input features are split over the group (by
-    whole heads of ``unit`` features):
+    whole heads of ``unit`` features, or ``parts`` as ColumnProjection's):
     it reads the sharded output of a column-parallel projection, sums the
     partial products over the group (one all-reduce forward, none backward)
     and adds the whole bias once. ``sequence_dim`` (sequence parallelism):
     reduce-scatter along it instead, each rank keeping its part of the sequence."""
 
     def __init__(self, source: nn.Module, group: str, group_size: int, group_rank: int, unit: int = 1,
-                 sequence_dim: Optional[int] = None) -> None:
+                 sequence_dim: Optional[int] = None, parts: Optional[Tuple[Tuple[int, int], ...]] = None) -> None:
         super().__init__()
         self.transposed = is_conv1d(source)
         in_features, out_features = projection_sizes(source)
         self.full_in_features, self.full_out_features = in_features, out_features
-        self.group, self.unit, self.sequence_dim = group, unit, sequence_dim
-        self.pieces = split_pieces(in_features, group_size, group_rank, 1, unit)
+        self.group, self.unit, self.sequence_dim, self.parts = group, unit, sequence_dim, parts
+        self.pieces = split_pieces(in_features, group_size, group_rank, 1, unit, parts)
         in_dim = 0 if self.transposed else 1
         self.weight = nn.Parameter(_rows(source.weight, in_dim, self.pieces),
                                    requires_grad=source.weight.requires_grad)
         self.bias = None if source.bias is None else nn.Parameter(source.bias.detach().clone(),
                                                                   requires_grad=source.bias.requires_grad)
-        self.in_features = self.pieces[0][1]
+        self.in_features = sum(length for _, length in self.pieces)
         self.out_features = out_features
-        register_shard(self, "weight", in_dim, in_features, group, 1, unit)
+        register_shard(self, "weight", in_dim, in_features, group, 1, unit, parts)
         self.train(source.training)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
@@ -235,7 +301,9 @@ class ReplicatedKeyValue(nn.Module):
     heads, its key/value head (repeated as the attention would repeat it), so
     the attention runs with one key/value head per query head. A rank's
     gradient covers only its query heads' share, so the weight passes through
-    ``copy``: its gradient is summed over the group in backward (exact)."""
+    ``copy``: its gradient is summed over the group in backward (exact).
+    The heads' rows are taken by slicing, not by an index tensor, so that a
+    model built on the meta device needs no buffer filled afterwards."""
 
     def __init__(self, source: nn.Linear, group: str, head_dim: int, kv_heads: List[int],
                  shared) -> None:
@@ -243,19 +311,18 @@ class ReplicatedKeyValue(nn.Module):
         self.group, self.head_dim = group, head_dim
         self.weight = source.weight
         self.bias = source.bias
-        rows = [h * head_dim + i for h in kv_heads for i in range(head_dim)]
-        # An index computed from shapes: real even when the weight is on the meta device (built to be loaded).
-        device = "cpu" if source.weight.is_meta else source.weight.device
-        self.register_buffer("rows", torch.tensor(rows, dtype=torch.long, device=device), persistent=False)
         self.kv_heads = list(kv_heads)
-        self.in_features, self.out_features = source.in_features, len(rows)
+        self.in_features, self.out_features = source.in_features, len(self.kv_heads) * head_dim
         self._shared = shared
         self.train(source.training)
 
+    def _heads(self, tensor: torch.Tensor) -> torch.Tensor:
+        whole = mappings.copy(tensor, self.group)
+        return torch.cat([whole.narrow(0, h * self.head_dim, self.head_dim) for h in self.kv_heads], 0)
+
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        weight = mappings.copy(self.weight, self.group).index_select(0, self.rows)
-        bias = None if self.bias is None else mappings.copy(self.bias, self.group).index_select(0, self.rows)
-        return F.linear(self._shared(input), weight, bias)
+        bias = None if self.bias is None else self._heads(self.bias)
+        return F.linear(self._shared(input), self._heads(self.weight), bias)
 
     def extra_repr(self) -> str:
         return f"replicated {tuple(self.weight.shape)}, key/value heads per local query head {self.kv_heads}"

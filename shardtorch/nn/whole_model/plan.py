@@ -1,68 +1,122 @@
 """The plan: {qualified module name: style}, data a user can print, edit and
-pass back. ``auto_plan`` discovers it; ``check_plan`` refuses a bad one with
-the same error on every rank (it reads only the model, identical everywhere,
-and runs before any collective)."""
-from typing import Dict, List, Optional
+pass back. ``auto_plan`` discovers it; ``resolve`` reads each entry's module
+once, finding its layout (a Placement keeps it for ``parallelize`` to apply),
+and refuses a bad plan with the same error on every rank (it reads only the
+model, identical everywhere, and runs before any collective)."""
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Union
 
 from torch import nn
 
-from .blocks import find_layout
 from .layers import is_projection, projection_sizes
-from .vocabulary import find_vocabulary
+from .layouts import KINDS, find_layout
+from .layouts.base import Fit, Layout
+from .vocabulary import find_vocabulary, tied_vocabulary_holders, vocabulary_refusal
 
 #: The styles a plan entry may name.
-STYLES = ("attention", "mlp", "column", "row", "vocab", "replicate")
+STYLES = ("attention", "mlp", "experts", "column", "row", "vocab", "replicate")
+
+
+@dataclass
+class Placement:
+    """One plan entry resolved: the module it names and, for a layout style, the layout and what it read."""
+    name: str
+    style: str
+    module: nn.Module
+    layout: Optional[Layout] = None
+    fit: Optional[Fit] = None
+
+
+def _discover(model: nn.Module) -> List[Placement]:
+    placements = []
+    for name, module in model.named_modules():
+        found = find_layout(module)
+        if found is not None:
+            placements.append(Placement(name, found[0].kind, module, *found))
+    vocabulary = [name for name in find_vocabulary(model) if name is not None]
+    for name in vocabulary + tied_vocabulary_holders(model, vocabulary):
+        if all(p.name != name for p in placements):
+            placements.append(Placement(name, "vocab", model.get_submodule(name)))
+    return placements
 
 
 def auto_plan(model: nn.Module) -> Dict[str, str]:
-    """The plan ``parallelize(model)`` applies: every attention and MLP of a
-    known layout, and the token embedding and LM head by vocabulary. What it
-    does not name stays whole (``unplaced`` lists what that leaves)."""
+    """The plan ``parallelize(model)`` applies: every attention, MLP and
+    experts bank of a known layout, and the token embedding and LM head by
+    vocabulary (with every module tied to them). What it does not name stays
+    whole (``unplaced`` lists what that leaves)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"auto_plan: model must be a torch.nn.Module, got {type(model).__name__}")
-    plan = {}
-    for name, module in model.named_modules():
-        layout = find_layout(module)
-        if layout is not None:
-            plan[name] = layout.kind
-    for name in find_vocabulary(model):
-        if name is not None:
-            plan[name] = "vocab"
-    return plan
+    return {p.name: p.style for p in _discover(model)}
 
 
-def check_plan(model: nn.Module, plan: Dict[str, str], size: int) -> None:
-    """Raises ValueError naming every entry that names no module of ``model``,
-    no style, or a module the style cannot split over ``size`` ranks."""
-    if not isinstance(plan, dict):
+def resolve(model: nn.Module, plan: Union[str, Dict[str, str]], size: int,
+            sequence_parallel: bool = False) -> List[Placement]:
+    """The plan's entries with their modules and layouts, in model order. Raises ValueError naming every
+    entry that names no module of ``model``, no style, or a module the style cannot split over ``size``
+    ranks."""
+    if isinstance(plan, str):
+        if plan != "auto":
+            raise ValueError(f"parallelize: plan must be 'auto' or a dict {{module name: style}}, got {plan!r}")
+        placements = _discover(model)
+    elif isinstance(plan, dict):
+        placements = _read(model, plan)
+    else:
         raise TypeError(f"parallelize: plan must be 'auto' or a dict {{module name: style}}, got "
                         f"{type(plan).__name__}")
-    modules = dict(model.named_modules())
-    problems: List[str] = []
-    for name, style in plan.items():
-        if name not in modules:
-            problems.append(f"{name!r} names no module of the model")
-            continue
-        if style not in STYLES:
-            problems.append(f"{name!r}: style must be one of {', '.join(STYLES)}, got {style!r}")
-            continue
-        reason = _refusal(modules[name], style, size)
+    problems = [p for p in placements if isinstance(p, str)]
+    placements = [p for p in placements if not isinstance(p, str)]
+    for placement in placements:
+        reason = _refusal(placement, size, sequence_parallel)
         if reason is not None:
-            problems.append(f"{name!r} ({type(modules[name]).__name__}) as {style!r}: {reason}")
+            problems.append(f"{placement.name!r} ({type(placement.module).__name__}) as {placement.style!r}: "
+                            f"{reason}")
     if problems:
         raise ValueError("parallelize: the plan cannot be applied: " + "; ".join(problems))
+    order = {name: i for i, name in enumerate(dict(model.named_modules()))}
+    return sorted(placements, key=lambda p: order[p.name])
 
 
-def _refusal(module: nn.Module, style: str, size: int) -> Optional[str]:
-    if style in ("attention", "mlp"):
-        if isinstance(module, (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)):
-            return ("torch.nn.MultiheadAttention computes its heads inside F.multi_head_attention_forward from "
-                    "the whole in_proj_weight and embed_dim, so no per-rank head count can make its own forward "
-                    "compute a shard; it is not split (see docs/parallelize.md)")
-        layout = find_layout(module, style)
-        if layout is None:
-            return f"not a known {style} layout (known: see shardtorch.nn.whole_model.blocks)"
-        return layout.refusal(module, size)
+def _read(model: nn.Module, plan: Dict[str, str]) -> list:
+    """A user's plan as Placements (and problem strings), with the modules tied to its vocabulary."""
+    modules = dict(model.named_modules())
+    read: list = []
+    for name, style in plan.items():
+        if name not in modules:
+            read.append(f"{name!r} names no module of the model")
+        elif style not in STYLES:
+            read.append(f"{name!r}: style must be one of {', '.join(STYLES)}, got {style!r}")
+        elif style in KINDS:
+            module = modules[name]
+            found = find_layout(module, style)
+            if found is None:
+                read.append(f"{name!r} ({type(module).__name__}) as {style!r}: {_unknown(module, style)}")
+            else:
+                read.append(Placement(name, style, module, *found))
+        else:
+            read.append(Placement(name, style, modules[name]))
+    vocabulary = [name for name, style in plan.items() if style == "vocab" and name in modules]
+    for name in tied_vocabulary_holders(model, vocabulary):
+        if name not in plan:  # its forward would read the shard as a whole table: it follows the vocabulary
+            read.append(Placement(name, "vocab", modules[name]))
+    return read
+
+
+def _unknown(module: nn.Module, style: str) -> str:
+    if isinstance(module, (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)):
+        return ("torch.nn.MultiheadAttention computes its heads inside F.multi_head_attention_forward from "
+                "the whole in_proj_weight and embed_dim, so no per-rank head count can make its own forward "
+                "compute a shard; it is not split (see docs/parallelize.md)")
+    return f"not a known {style} layout (known: see shardtorch.nn.whole_model.layouts)"
+
+
+def _refusal(placement: Placement, size: int, sequence_parallel: bool) -> Optional[str]:
+    module, style = placement.module, placement.style
+    if placement.layout is not None:
+        if sequence_parallel and not getattr(placement.fit, "sequence_parallel", placement.layout.sequence_parallel):
+            return (f"this {style} placement ({placement.fit.variant}) cannot run inside a sequence-parallel "
+                    f"region")
+        return placement.layout.refusal(module, placement.fit, size)
     if style in ("column", "row"):
         if not is_projection(module):
             return "'column' and 'row' apply to torch.nn.Linear or Conv1D"
@@ -70,28 +124,5 @@ def _refusal(module: nn.Module, style: str, size: int) -> Optional[str]:
         count = out_features if style == "column" else in_features
         return None if count >= size else f"{count} features cannot be split over {size} ranks"
     if style == "vocab":
-        if type(module) is nn.Embedding:
-            rows = module.num_embeddings
-        elif type(module) is nn.Linear:
-            rows = module.out_features
-        else:
-            return "'vocab' applies to torch.nn.Embedding or torch.nn.Linear"
-        return None if rows >= size else f"{rows} vocabulary rows cannot be split over {size} ranks"
+        return vocabulary_refusal(module, size)
     return None
-
-
-def unplaced(model: nn.Module) -> List[str]:
-    """Layers left whole that a plan might have split: projections, embeddings
-    and attention modules of unknown layout (nn.MultiheadAttention included)."""
-    from .layers import ColumnProjection, ReplicatedKeyValue, RowProjection
-    placed = (ColumnProjection, RowProjection, ReplicatedKeyValue)
-    found = []
-    for name, module in model.named_modules():
-        if isinstance(module, placed):
-            continue
-        kind = type(module).__name__
-        if is_projection(module) or type(module) is nn.Embedding or isinstance(module, nn.MultiheadAttention):
-            found.append(f"{name or '(root)'} ({kind})")
-        elif ("Attention" in kind or "Attn" in kind) and not any(isinstance(m, placed) for m in module.modules()):
-            found.append(f"{name or '(root)'} ({kind}: attention of unknown layout)")
-    return found

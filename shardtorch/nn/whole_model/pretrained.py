@@ -92,11 +92,12 @@ def from_pretrained(model, path=None, *, dtype="auto", plan="auto", group: str =
         keys = _match_keys(built, entries, source.description, folder)
         originals = named_tensors(built)
         missing, unexpected = _check_shapes(built, originals, entries, keys, folder)
-        parallelize(built, plan=plan, group=group, sequence_parallel=sequence_parallel, verbose=verbose,
-                    logits=logits)
         return built, record, incomplete, originals, keys, entries, missing, unexpected
 
     built, record, incomplete, originals, keys, entries, missing, unexpected = _agreed(prepare, who)
+    # After the agreement: its refusals are the same on every rank (they read only the model), and verbose=True
+    # makes a collective.
+    parallelize(built, plan=plan, group=group, sequence_parallel=sequence_parallel, verbose=verbose, logits=logits)
     reads = _read_plan(built, keys, entries)
     mapped = {}
 
@@ -154,12 +155,10 @@ def from_config(model, config=None, *, dtype=None, plan="auto", group: str = sta
     def prepare():
         with default_dtype(resolved):
             built, record = build_recorded(source.build, consume_random=True)
-        originals = named_tensors(built)
-        parallelize(built, plan=plan, group=group, sequence_parallel=sequence_parallel, verbose=verbose,
-                    logits=logits)
-        return built, record, originals
+        return built, record, named_tensors(built)
 
     built, record, originals = _agreed(prepare, who)
+    parallelize(built, plan=plan, group=group, sequence_parallel=sequence_parallel, verbose=verbose, logits=logits)
     meta = materialize(built, "cpu")
     replay(record, targets_of(built, originals, meta), live=False, who=who)
     return built.to(device)

@@ -1,15 +1,23 @@
 """The vocabulary end of a model: the token embedding and the LM head split
-by vocabulary rows, the logits left sharded (marked), and the loss computed
-from the shards by shardtorch's parallel cross-entropy, never gathered."""
+by vocabulary rows, every module tied to them following (T5's encoder and
+decoder ``embed_tokens`` share the ``shared`` table), and the logits left
+sharded (marked) for the loss (loss.py).
+
+An embedding may be an ``nn.Embedding`` subclass that post-processes the
+lookup (Gemma's ``embed_tokens`` multiplies it by sqrt(width)): it keeps its
+class and what it adds, and only the table lookup underneath becomes the
+vocabulary-parallel one (``VocabShardLookup``), so its own forward runs
+unchanged on the whole looked-up rows."""
 import inspect
-from typing import Dict, Optional, Tuple
+import re
+from typing import Dict, List, Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ...utils.parallel_dim import is_sharded_on_last_dim
-from .. import functional as TF
+from ...distributed import state
+from ...utils.shard_facts import register_shard
+from ...utils.shards import shard_range
 from ..embedding import ParallelEmbedding
 from ..linear import ParallelLinear
 
@@ -43,119 +51,120 @@ def find_vocabulary(model: nn.Module) -> Tuple[Optional[str], Optional[str]]:
     return None, None
 
 
+def tied_vocabulary_holders(model: nn.Module, names: List[str]) -> List[str]:
+    """The other modules whose ``weight`` is the weight of one of the modules ``names`` (tied embeddings
+    and heads), in model order: each must become vocabulary-parallel too, or its forward would read the
+    shard as the whole table."""
+    modules = dict(model.named_modules())
+    weights = {id(modules[n]._parameters.get("weight")) for n in names if n in modules}
+    weights.discard(id(None))
+    return [name for name, module in modules.items() if name not in names
+            and id(module._parameters.get("weight")) in weights]
+
+
+_WEIGHT_READ = re.compile(r"self\.weight(?!\.(dtype|device)\b)")
+
+
+def _lookup_is_the_parents(cls: type) -> bool:
+    """Whether every forward an nn.Embedding subclass defines looks its rows up through super().forward
+    and reads the table only for its dtype or device (then a sharded lookup underneath serves it)."""
+    for klass in cls.__mro__:
+        if klass is nn.Embedding:
+            return True
+        if "forward" not in vars(klass):
+            continue
+        try:
+            source = inspect.getsource(vars(klass)["forward"])
+        except (OSError, TypeError):
+            return False
+        if "super().forward(" not in source or _WEIGHT_READ.search(source):
+            return False
+    return False
+
+
+def vocabulary_refusal(module: nn.Module, size: int) -> Optional[str]:
+    if isinstance(module, nn.Embedding):
+        if type(module) is not nn.Embedding and (module.max_norm is not None or not _lookup_is_the_parents(
+                type(module))):
+            return (f"{type(module).__name__} overrides nn.Embedding's lookup (its forward reads the table itself), "
+                    f"so it cannot look up a shard of the rows")
+        rows = module.num_embeddings
+    elif isinstance(module, nn.Linear):
+        if type(module).forward is not nn.Linear.forward:
+            return f"{type(module).__name__} overrides nn.Linear's forward"
+        rows = module.out_features
+    else:
+        return "'vocab' applies to torch.nn.Embedding (or a subclass that post-processes its lookup) or torch.nn.Linear"
+    return None if rows >= size else f"{rows} vocabulary rows cannot be split over {size} ranks"
+
+
+class VocabShardLookup(nn.Embedding):
+    """The lookup of a vocabulary-parallel nn.Embedding subclass: this rank's rows of the table, the
+    group's rows summed (torch.ops.shard.parallel_embedding, as ParallelEmbedding(dim=0)). Mixed in
+    beneath the subclass, so its own forward (super().forward, then its post-processing) runs on the
+    whole looked-up rows."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if input.device.type == "cpu" and input.numel() > 0:
+            low, high = int(input.min()), int(input.max())
+            if low < 0 or high >= self.num_embeddings:
+                raise IndexError(f"{type(self).__name__}: indices must be in [0, num_embeddings = "
+                                 f"{self.num_embeddings}), got values in [{low}, {high}]")
+        return torch.ops.shard.parallel_embedding(input, self.weight, self.padding_idx, 0, self.num_embeddings,
+                                                  self.scale_grad_by_freq, self.sparse, self.group)
+
+
+_SHARDED_CLASSES: Dict[type, type] = {}
+
+
+def _sharded_class(cls: type) -> type:
+    """``cls`` with the vocabulary-parallel lookup beneath it (one class per subclass, importable by name
+    from this module so that a pickled model finds it)."""
+    if cls not in _SHARDED_CLASSES:
+        name = f"VocabParallel{cls.__name__}"
+        sharded = type(name, (cls, VocabShardLookup), {"__module__": __name__})
+        sharded.__qualname__ = name
+        globals()[name] = sharded
+        _SHARDED_CLASSES[cls] = sharded
+    return _SHARDED_CLASSES[cls]
+
+
+def _shard_embedding_subclass(module: nn.Embedding, group: str) -> nn.Embedding:
+    size, rank = state.get_group_size(group), state.get_group_rank(group)
+    start, stop = shard_range(module.num_embeddings, size, rank)
+    new = _sharded_class(type(module)).__new__(_sharded_class(type(module)))
+    new.__dict__.update(module.__dict__)
+    new._parameters, new._buffers, new._modules = dict(module._parameters), dict(module._buffers), dict(module._modules)
+    new.__dict__.pop("_shardtorch_shard_specs", None)
+    new.group = group
+    new._parameters["weight"] = nn.Parameter(module.weight.detach()[start:stop].clone(),
+                                             requires_grad=module.weight.requires_grad)
+    register_shard(new, "weight", 0, module.num_embeddings, group)
+    return new
+
+
 def vocabulary_parallel(module: nn.Module, group: str) -> nn.Module:
-    """The ParallelEmbedding (dim=0) or ParallelLinear (dim=1) holding this
-    rank's rows of ``module``'s vocabulary."""
+    """This rank's rows of ``module``'s vocabulary: a ParallelEmbedding (dim=0) for an nn.Embedding, the
+    subclass itself over a sharded lookup for an nn.Embedding subclass, a ParallelLinear (dim=1) for the
+    LM head."""
     if type(module) is nn.Embedding:
         return ParallelEmbedding.from_embedding(module, dim=0, group=group)
-    if type(module) is nn.Linear:
+    if isinstance(module, nn.Embedding):
+        return _shard_embedding_subclass(module, group)
+    if isinstance(module, nn.Linear):
         return ParallelLinear.from_linear(module, dim=1, group=group)
     raise ValueError(f"parallelize: style 'vocab' applies to torch.nn.Embedding or torch.nn.Linear, got "
                      f"{type(module).__name__}")
 
 
-class VocabParallelCausalLMLoss:
-    """Hugging Face's ``ForCausalLMLoss`` (shift the labels by one, ignore_index
-    -100, sum divided by ``num_items_in_batch`` when given, else the mean) on
-    the vocabulary shards the parallel LM head returns, by shardtorch's
-    parallel cross-entropy. Logits of float16/bfloat16 are upcast to float32
-    as Hugging Face does; float64 stays float64."""
-
-    def __init__(self, vocab_size: int, group: str, shift: bool = True) -> None:
-        self.vocab_size, self.group, self.shift = vocab_size, group, shift
-
-    def __call__(self, logits: torch.Tensor, labels: torch.Tensor, vocab_size: Optional[int] = None,
-                 num_items_in_batch=None, ignore_index: int = -100, shift_labels: Optional[torch.Tensor] = None,
-                 **kwargs) -> torch.Tensor:
-        if vocab_size is not None and vocab_size != self.vocab_size:
-            raise ValueError(f"parallelize's LM loss: vocab_size must be the LM head's {self.vocab_size}, "
-                             f"got {vocab_size}")
-        if not is_sharded_on_last_dim(logits):
-            raise ValueError("parallelize's LM loss: logits must be the vocabulary shards of the parallel LM head "
-                             f"(marked parallel_dim -1), got an unmarked tensor of shape {tuple(logits.shape)}")
-        if logits.dtype in (torch.float16, torch.bfloat16):
-            logits = logits.float()
-        if shift_labels is None:
-            shift_labels = labels
-            if self.shift:
-                shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
-        target = shift_labels.reshape(-1).to(logits.device)
-        reduction = "sum" if num_items_in_batch is not None else "mean"
-        loss = TF.parallel_cross_entropy(logits.reshape(-1, logits.shape[-1]), target, ignore_index=ignore_index,
-                                         reduction=reduction, parallel=True, group=self.group,
-                                         num_classes=self.vocab_size)
-        if reduction == "sum":
-            if torch.is_tensor(num_items_in_batch):
-                num_items_in_batch = num_items_in_batch.to(loss.device)
-            loss = loss / num_items_in_batch
-        return loss
-
-
-def _refuse_labels(model: nn.Module, reason: str):
-    def hook(module, args, kwargs):
-        if kwargs.get("labels") is not None:
-            raise ValueError(f"{type(module).__name__}(labels=...): {reason}. Call it without labels= and compute "
-                             f"the loss from the sharded logits with ts.nn.ParallelCrossEntropyLoss (or "
-                             f"ts.nn.causal_lm_loss for a causal LM)")
-    return model.register_forward_pre_hook(hook, with_kwargs=True)
-
-
-def install_loss(model: nn.Module, head: ParallelLinear, group: str) -> Optional[str]:
-    """Makes a Hugging Face model called with ``labels=`` compute its loss
-    from the sharded logits; returns what was done (None: not a Hugging Face
-    model with labels)."""
-    forward = type(model).forward
-    try:
-        takes_labels = "labels" in inspect.signature(forward).parameters
-        source = inspect.getsource(forward)
-    except (TypeError, ValueError, OSError):
-        return None
-    if not takes_labels or not hasattr(type(model), "loss_function"):
-        return None
-    loss_type = getattr(model, "loss_type", None)
-    causal = loss_type == "ForCausalLM" or (loss_type is None and type(model).__name__.endswith(
-        ("LMHeadModel", "ForCausalLM")))
-    masked = loss_type == "ForMaskedLM"
-    if "self.loss_function(" in source and (causal or masked):
-        model.loss_function = VocabParallelCausalLMLoss(head.out_features, group, shift=causal)
-        return f"labels=: vocabulary-parallel {'causal' if causal else 'masked'} LM loss (logits never gathered)"
-    _refuse_labels(model, "its forward computes the loss with a whole-vocabulary torch loss, which cannot read "
-                          "the logits' vocabulary shards")
-    return "labels=: refused (the model's own loss needs whole logits)"
-
-
-def causal_lm_loss(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor, fused: bool = False,
-                   ignore_index: int = -100, **backbone_kwargs) -> torch.Tensor:
-    """The causal LM loss of a parallelized Hugging Face model (labels shifted
-    by one, ``ignore_index`` ignored, mean over the rest), computed from the
-    backbone's last hidden state. ``fused=True``: by the LM head's
-    ``linear_cross_entropy``, which never forms the [tokens, vocabulary]
-    logits, not even their shard; ``fused=False``: the head's sharded logits
-    and the parallel cross-entropy. ``backbone_kwargs`` (attention_mask, ...)
-    go to ``model.base_model``."""
-    head = model.get_output_embeddings() if callable(getattr(model, "get_output_embeddings", None)) else None
-    if not isinstance(head, ParallelLinear) or head.dim not in (1, -1):
-        raise ValueError(f"causal_lm_loss: model's output embeddings must be a vocabulary-parallel ParallelLinear "
-                         f"(run ts.nn.parallelize first), got {type(head).__name__}")
-    outputs = model.base_model(input_ids=input_ids, **backbone_kwargs)
-    hidden = outputs[0]
-    target = F.pad(labels, (0, 1), value=ignore_index)[..., 1:].reshape(-1).to(hidden.device)
-    hidden = hidden.reshape(-1, hidden.shape[-1])
-    if fused:
-        return head.linear_cross_entropy(hidden, target, ignore_index=ignore_index)
-    return TF.parallel_cross_entropy(head(hidden), target, ignore_index=ignore_index, parallel=True,
-                                     group=head.group, num_classes=head.out_features)
-
-
 def tie(model: nn.Module, replaced: Dict[int, Tuple[nn.Parameter, nn.Parameter, object]]) -> None:
-    """Points every other reference to a replaced parameter (a tied LM head,
-    BERT's ``predictions.bias``) at its shard, with the same shard facts.
+    """Points every other reference to a replaced parameter (BERT's ``predictions.bias``, the tied
+    decoder bias) at its shard, with the same shard facts.
     ``replaced``: {id(old): (old, new, ShardSpec)} (old kept so its id stays its own)."""
-    from ...utils.shard_facts import register_shard
     for module in model.modules():
         for name, param in list(module._parameters.items()):
             if param is not None and id(param) in replaced:
                 _, new, spec = replaced[id(param)]
                 module._parameters[name] = new
-                register_shard(module, name, spec.dim, spec.full_size, spec.group, spec.blocks, spec.unit)
-
+                register_shard(module, name, spec.dim, spec.full_size, spec.group, spec.blocks, spec.unit,
+                               spec.parts)
