@@ -380,3 +380,23 @@ def case_a_model_larger_than_the_memory_limit_loads_and_trains():
     finally:
         resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
     assert torch.isfinite(loss), loss
+
+
+def case_every_zoo_architecture_loads_and_draws_exactly():
+    """Each Hugging Face architecture of the zoo (tests/distributed/zoo_models.py), saved by transformers
+    (in its original format: GPT-NeoX's embed_out, Mixtral's per-expert w1/w2/w3, which transformers
+    renames and merges when loading), loads each rank's slices bitwise; and from_config draws the
+    unsharded model's own initialisation bitwise."""
+    from tests.distributed.zoo_models import ZOO
+    for name, (build, _) in ZOO.items():
+        torch.manual_seed(0)
+        reference = build()
+        if not hasattr(reference, "save_pretrained"):
+            continue
+        _rank0(lambda: reference.save_pretrained(_dir("zoo", name)))
+        model = ts.nn.from_pretrained(_dir("zoo", name), dtype=torch.float32)
+        _assert_state_equal(model, reference.state_dict(), f"{name} loaded")
+        torch.manual_seed(5)
+        reference = build()
+        torch.manual_seed(5)
+        _assert_state_equal(ts.nn.from_config(build), reference.state_dict(), f"{name} drawn")

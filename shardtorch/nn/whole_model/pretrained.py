@@ -22,6 +22,7 @@ from ...checkpoint.safetensors_read import map_run, read_pieces
 from ...distributed import state
 from ...utils.shard_facts import named_parameter_shards
 from .apply import parallelize
+from .checkpoint_keys import Merged, converted_entries, read_merged
 from .init_replay import replay, targets_of
 from .materialize import materialize, named_tensors
 from .meta_build import MetaBuildError, build_on_meta, build_recorded
@@ -89,6 +90,7 @@ def from_pretrained(model, path=None, *, dtype="auto", plan="auto", group: str =
                 # An initialisation that needs real values: the checkpoint replaces them; the record then lacks
                 # what such initialisers write (weights the checkpoint lacks cannot be drawn).
                 (built, record), incomplete = build_on_meta(source.build), True
+        entries = converted_entries(built, entries, who)  # transformers' renamings and merges of the keys
         keys = _match_keys(built, entries, source.description, folder)
         originals = named_tensors(built)
         missing, unexpected = _check_shapes(built, originals, entries, keys, folder)
@@ -261,7 +263,7 @@ class _Read:
         """The first element of the file's tensor from which ``tensor`` lies as
         one run of the file's bytes in its own dtype (so that it can be
         mapped); None where it does not."""
-        if tensor.dtype != self.entry.dtype or tensor.numel() == 0:
+        if isinstance(self.entry, Merged) or tensor.dtype != self.entry.dtype or tensor.numel() == 0:
             return None
         if self.dim is None:
             return 0
@@ -309,14 +311,17 @@ def _read_slices(model: nn.Module, reads: Dict[int, _Read], mapped: Dict[int, bo
             loaded.update(read.names)
             if ident in mapped:
                 continue
-            path = read.entry.path
-            if path not in descriptors:
-                descriptors[path] = os.open(path, os.O_RDONLY)
             tensor = tensors[read.names[0]]
             with torch.no_grad():
                 target = tensor if tensor.is_contiguous() else torch.empty_like(
                     tensor, memory_format=torch.contiguous_format)
-                read_pieces(read.entry, target, read.dim, read.pieces, fd=descriptors[path])
+                if isinstance(read.entry, Merged):
+                    read_merged(read.entry, target, read.dim, read.pieces, descriptors)
+                else:
+                    path = read.entry.path
+                    if path not in descriptors:
+                        descriptors[path] = os.open(path, os.O_RDONLY)
+                    read_pieces(read.entry, target, read.dim, read.pieces, fd=descriptors[path])
                 if target is not tensor:
                     tensor.copy_(target)
     finally:
