@@ -8,6 +8,8 @@
 
 #include <shardtorch/ops/parallel_linear_cross_entropy.h>
 
+#include "ops/gemm_precision.h"
+
 namespace shardtorch {
 namespace autograd {
 
@@ -28,6 +30,23 @@ inline void scale_gradients_from_forward(torch::autograd::variable_list& result,
       result[i] = ops::parallel_linear_cross_entropy_apply_upstream(saved[i], grad_loss, in_place);
     }
   }
+}
+
+// A backward that recomputes the logits runs its GEMMs in the dtype the
+// forward's ran in: under autocast the saved statistics come from the
+// reduced-precision logits, and logits recomputed in float32 against them
+// make softmax rows that do not sum to one. The dtype is a thread-local set
+// for the forward's call only (gemm_precision.h): the forward records it,
+// the backward sets it again for its own call.
+inline void save_gemm_dtype(torch::autograd::AutogradContext* ctx) {
+  const auto dtype = ops::fused_head_gemm_dtype_state;
+  ctx->saved_data["gemm_dtype"] = dtype.has_value() ? static_cast<int64_t>(*dtype) : int64_t{-1};
+}
+
+inline std::optional<at::ScalarType> saved_gemm_dtype(torch::autograd::AutogradContext* ctx) {
+  const int64_t dtype = ctx->saved_data["gemm_dtype"].toInt();
+  if (dtype < 0) return std::nullopt;
+  return static_cast<at::ScalarType>(dtype);
 }
 
 }  // namespace autograd

@@ -43,6 +43,7 @@ class ParallelLinearCrossEntropyFunction : public Function<ParallelLinearCrossEn
       return loss;
     }
     ctx->saved_data["gradients_in_forward"] = false;
+    save_gemm_dtype(ctx);
     auto [loss, row_stats] = ops::parallel_linear_cross_entropy_forward(
         input, weight, bias, target, class_weight, ignore_index, label_smoothing, z_loss, reduction,
         chunk_size, group, num_classes);
@@ -70,6 +71,7 @@ class ParallelLinearCrossEntropyFunction : public Function<ParallelLinearCrossEn
     std::array<bool, 3> mask{ctx->needs_input_grad(0), ctx->needs_input_grad(1),
                              bias.defined() && ctx->needs_input_grad(2)};
     if (!grads[0].defined() || !(mask[0] || mask[1] || mask[2])) return result;
+    const ops::FusedHeadGemmDtypeGuard forward_gemms(saved_gemm_dtype(ctx));
     auto [grad_input, grad_weight, grad_bias] = ops::parallel_linear_cross_entropy_backward(
         grads[0], saved[0], saved[1],
         bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt, saved[3], saved[4],

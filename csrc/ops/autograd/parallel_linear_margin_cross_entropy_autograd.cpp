@@ -49,6 +49,7 @@ class ParallelLinearMarginCrossEntropyFunction
       return loss;
     }
     ctx->saved_data["gradients_in_forward"] = false;
+    save_gemm_dtype(ctx);
     auto [loss, row_stats] = ops::parallel_linear_margin_cross_entropy_forward(
         input, weight, target, scale, m1, m2, m3, easy_margin, ignore_index, label_smoothing,
         reduction, sampled_classes, chunk_size, group, num_classes);
@@ -91,6 +92,7 @@ class ParallelLinearMarginCrossEntropyFunction
     const at::Tensor& weight = saved[1];
     const at::Tensor& kept = saved[4];
     const auto& d = ctx->saved_data;
+    const ops::FusedHeadGemmDtypeGuard forward_gemms(saved_gemm_dtype(ctx));
     auto [grad_input, grad_weight] = ops::parallel_linear_margin_cross_entropy_backward(
         grads[0], saved[0], weight, saved[2], saved[3], d.at("scale").toDouble(),
         d.at("m1").toDouble(), d.at("m2").toDouble(), d.at("m3").toDouble(),
