@@ -239,7 +239,8 @@ FusedHeadResult by_row_blocks(const FusedHead& head, const at::Tensor& input,
       chunk = head.logits(xb, 0, columns, block.target_local);
       exp_left = add_block_statistics(kernels, chunk.values, block, stats);
     }
-    saved_blocks.push_back(combine_over_group(block, stats, options, op));
+    // Every block carries the whole batch's checks: the first's verdict raises them.
+    saved_blocks.push_back(combine_over_group(block, stats, options, op, /*give_verdict=*/begin == 0));
     if (compute) {
       // A probability target's block is already this rank's columns (no copy).
       const at::Tensor block_target =
@@ -330,19 +331,29 @@ FusedHeadResult fused_head_forward_with_gradients(
   const int64_t rows = setup.target_local.size(0);
   const int64_t block_rows =
       fused_head_gradient_block_rows(rows, max_columns, head.x_rows().size(1), chunk_size);
+  FusedHeadResult out;
   if (block_rows > 0) {
-    return by_row_blocks(head, input, target, options, setup, block_rows, chunk_size, group,
-                         output_mask, kernels, op);
+    out = by_row_blocks(head, input, target, options, setup, block_rows, chunk_size, group,
+                        output_mask, kernels, op);
+  } else {
+    // Too many columns for a block of rows within the memory bound: the
+    // logits are computed twice, chunk by chunk, as the separate backward would.
+    auto [loss, saved] =
+        fused_head_forward_by_chunks(head, input, target, options, setup, chunk_size, kernels, op);
+    out = fused_head_backward_by_chunks(
+        head, input, backward_setup(at::ones({}, input.options().dtype(at::kDouble)), saved),
+        chunk_size, group, output_mask, kernels, op);
+    out.loss = loss;
+    out.row_stats = saved;
   }
-  // Too many columns for a block of rows within the memory bound: the logits
-  // are computed twice, chunk by chunk, as the separate backward would.
-  auto [loss, saved] =
-      fused_head_forward_by_chunks(head, input, target, options, setup, chunk_size, kernels, op);
-  FusedHeadResult out = fused_head_backward_by_chunks(
-      head, input, backward_setup(at::ones({}, input.options().dtype(at::kDouble)), saved),
-      chunk_size, group, output_mask, kernels, op);
-  out.loss = loss;
-  out.row_stats = saved;
+  // This op made collectives after the one that carried its checks (blocks,
+  // the input gradient's sum). Where a rank raised a check alone there, they
+  // wait for it in vain, and so would a host sync on this op's results
+  // (loss.item()) before the group's verdict: the checks are settled before
+  // the op returns (every rank at the same point; a wait only where the
+  // device has not reached the first block's statistics yet). One rank has
+  // no peer to leave it waiting.
+  if (setup.communicator->size() > 1) setup.communicator->check_deferred();
   return out;
 }
 
