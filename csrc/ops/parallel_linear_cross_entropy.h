@@ -12,7 +12,7 @@
 //   in_features], bias [local_classes]; the other arguments as in
 //   parallel_cross_entropy. The logits never exist whole: the extra memory is
 //   O(max(rows x chunk_size, 2^22)) whatever the number of classes (chunk_size
-//   default 4096; 2^22 is kGradientBlockMinElements of ops/fused_head_driver.h),
+//   default 4096; 2^22 is kGradientBlockMinElements of ops/cross_entropy/fused_head_driver.h),
 //   or, where that would make blocks of rows thinner than 128, no more than
 //   the weight gradient (local_classes x in_features).
 //
@@ -22,7 +22,7 @@
 //   weight and bias gradients too, and backward only scales them by the
 //   upstream gradient (not at all for loss.backward()'s 1 on CPU). Where a block of rows holding
 //   all of the largest shard's classes fits the memory bound
-//   (fused_head_gradient_block_rows > 0, ops/fused_head_driver.h), each row's
+//   (fused_head_gradient_block_rows > 0, ops/cross_entropy/fused_head_driver.h), each row's
 //   logits are computed once: three GEMMs, against four when they are
 //   recomputed; one all-gather of statistics per block of rows and one
 //   all-reduce of the input gradient. Otherwise the forward computes the

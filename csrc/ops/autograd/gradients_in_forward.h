@@ -8,7 +8,7 @@
 
 #include <shardtorch/ops/parallel_linear_cross_entropy.h>
 
-#include "ops/gemm_precision.h"
+#include "ops/cross_entropy/gemm_precision.h"
 
 namespace shardtorch {
 namespace autograd {

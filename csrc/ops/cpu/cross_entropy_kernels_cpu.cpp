@@ -8,9 +8,9 @@
 
 #include <algorithm>
 
-#include "ops/cross_entropy_kernel_adapter.h"
-#include "ops/cross_entropy_kernels.h"
-#include "ops/margin_cross_entropy_kernel_adapter.h"
+#include "ops/cross_entropy/cross_entropy_kernel_adapter.h"
+#include "ops/cross_entropy/cross_entropy_kernels.h"
+#include "ops/cross_entropy/margin_cross_entropy_kernel_adapter.h"
 
 namespace shardtorch {
 namespace ops {

@@ -20,9 +20,9 @@
 #include <limits>
 #include <type_traits>
 
-#include "ops/cross_entropy_kernel_adapter.h"
-#include "ops/cross_entropy_kernels.h"
-#include "ops/margin_cross_entropy_kernel_adapter.h"
+#include "ops/cross_entropy/cross_entropy_kernel_adapter.h"
+#include "ops/cross_entropy/cross_entropy_kernels.h"
+#include "ops/cross_entropy/margin_cross_entropy_kernel_adapter.h"
 #include "ops/cuda/cublaslt_gemm.h"
 
 namespace shardtorch {

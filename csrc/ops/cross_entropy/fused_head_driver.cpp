@@ -1,4 +1,4 @@
-#include "ops/fused_head_driver.h"
+#include "ops/cross_entropy/fused_head_driver.h"
 
 #include <ATen/ATen.h>
 
@@ -8,7 +8,7 @@
 
 #include "comm/registry.h"
 #include "ops/cpu/cpu_gemm.h"
-#include "ops/probability_target.h"
+#include "ops/cross_entropy/probability_target.h"
 #include "ops/recycled_buffers.h"
 #include "ops/scratch_buffer.h"
 

@@ -1,10 +1,10 @@
-#include "ops/probability_target.h"
+#include "ops/cross_entropy/probability_target.h"
 
 #include <ATen/ATen.h>
 
 #include <algorithm>
 
-#include "ops/cross_entropy_kernels.h"
+#include "ops/cross_entropy/cross_entropy_kernels.h"
 
 namespace shardtorch {
 namespace ops {

@@ -1,9 +1,9 @@
-#include "ops/parallel_cross_entropy_impl.h"
+#include "ops/cross_entropy/parallel_cross_entropy_impl.h"
 
 #include <ATen/ATen.h>
 
-#include "ops/cross_entropy_statistics.h"
-#include "ops/probability_target.h"
+#include "ops/cross_entropy/cross_entropy_statistics.h"
+#include "ops/cross_entropy/probability_target.h"
 
 namespace shardtorch {
 namespace ops {

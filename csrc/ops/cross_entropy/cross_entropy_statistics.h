@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "ops/cross_entropy_checks.h"
-#include "ops/cross_entropy_kernels.h"
-#include "ops/cross_entropy_saved_stats.h"
+#include "ops/cross_entropy/cross_entropy_checks.h"
+#include "ops/cross_entropy/cross_entropy_kernels.h"
+#include "ops/cross_entropy/cross_entropy_saved_stats.h"
 
 namespace shardtorch {
 namespace ops {

@@ -1,4 +1,4 @@
-#include "ops/parallel_linear_margin_cross_entropy_impl.h"
+#include "ops/cross_entropy/parallel_linear_margin_cross_entropy_impl.h"
 
 #include <ATen/ATen.h>
 
@@ -11,11 +11,11 @@
 #include "comm/sharded_collectives.h"
 #include "ops/cpu/cpu_gemm.h"
 #include "ops/cpu/margin_rows_cpu.h"
-#include "ops/cross_entropy_statistics.h"
+#include "ops/cross_entropy/cross_entropy_statistics.h"
 #include "ops/recycled_buffers.h"
 #include "ops/scratch_buffer.h"
-#include "ops/fused_head_driver.h"
-#include "ops/gemm_precision.h"
+#include "ops/cross_entropy/fused_head_driver.h"
+#include "ops/cross_entropy/gemm_precision.h"
 #include <shardtorch/topology/topology.h>
 
 namespace shardtorch {

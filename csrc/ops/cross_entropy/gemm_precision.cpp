@@ -1,4 +1,4 @@
-#include "ops/gemm_precision.h"
+#include "ops/cross_entropy/gemm_precision.h"
 
 #include <c10/util/Exception.h>
 

@@ -1,7 +1,7 @@
 // The ATen versions of the fused classifier's GEMMs (CPU; CUDA has its own,
 // cuBLASLt with float32 output for reduced-precision inputs). Float32 ones go
 // through cpu/cpu_gemm.h (oneDNN where MKL's sgemm runs narrower than the CPU).
-#include "ops/cross_entropy_kernels.h"
+#include "ops/cross_entropy/cross_entropy_kernels.h"
 
 #include <ATen/ATen.h>
 

@@ -1,6 +1,6 @@
 // shard::parallel_linear_cross_entropy's head for the fused-head driver
 // (fused_head_driver.h): logits x w^T + b of this rank's shard.
-#include "ops/parallel_linear_cross_entropy_impl.h"
+#include "ops/cross_entropy/parallel_linear_cross_entropy_impl.h"
 
 #include <ATen/ATen.h>
 #include <ATen/FunctionalTensorWrapper.h>
@@ -9,11 +9,11 @@
 #include <algorithm>
 #include <any>
 
-#include "ops/cross_entropy_statistics.h"
+#include "ops/cross_entropy/cross_entropy_statistics.h"
 #include "ops/recycled_buffers.h"
 #include "ops/scratch_buffer.h"
-#include "ops/fused_head_driver.h"
-#include "ops/gemm_precision.h"
+#include "ops/cross_entropy/fused_head_driver.h"
+#include "ops/cross_entropy/gemm_precision.h"
 #include <shardtorch/ops/parallel_linear_cross_entropy.h>
 #include <shardtorch/topology/topology.h>
 

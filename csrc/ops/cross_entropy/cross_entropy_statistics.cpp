@@ -1,4 +1,4 @@
-#include "ops/cross_entropy_statistics.h"
+#include "ops/cross_entropy/cross_entropy_statistics.h"
 
 #include <ATen/ATen.h>
 
@@ -7,7 +7,7 @@
 #include "comm/debug_communicator.h"
 #include "comm/registry.h"
 #include "comm/sharded_collectives.h"
-#include "ops/probability_target.h"
+#include "ops/cross_entropy/probability_target.h"
 #include <shardtorch/topology/topology.h>
 
 namespace shardtorch {
