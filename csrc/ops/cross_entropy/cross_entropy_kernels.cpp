@@ -1,37 +1,13 @@
-// The ATen versions of the fused classifier's GEMMs (CPU; CUDA has its own,
-// cuBLASLt with float32 output for reduced-precision inputs). Float32 ones go
-// through cpu/cpu_gemm.h (oneDNN where MKL's sgemm runs narrower than the CPU).
+// The device-free defaults of CrossEntropyKernels: ATen operations that run
+// on any device, for the kernels that have nothing faster.
 #include "ops/cross_entropy/cross_entropy_kernels.h"
 
 #include <ATen/ATen.h>
 
-#include "ops/cpu/cpu_gemm.h"
-#include "ops/recycled_buffers.h"
-#include "ops/scratch_buffer.h"
+#include <algorithm>
 
 namespace shardtorch {
 namespace ops {
-
-at::Tensor CrossEntropyKernels::chunk_logits(const at::Tensor& x, const at::Tensor& w_chunk,
-                                             const at::Tensor& bias_chunk,
-                                             at::ScalarType out) const {
-  if (x.scalar_type() == out && w_chunk.scalar_type() == out &&
-      (!bias_chunk.defined() || bias_chunk.scalar_type() == out)) {
-    // Written straight into a scratch buffer advised for huge pages
-    // (scratch_buffer.h), the last calls' when free (recycled_buffers.h).
-    static BufferSlot* const slot = new BufferSlot();
-    at::Tensor logits = slot->take({x.size(0), w_chunk.size(0)}, x.options(), empty_scratch_buffer);
-    if (bias_chunk.defined()) {
-      cpu_addmm_out(logits, bias_chunk, x, w_chunk.t());
-    } else {
-      cpu_mm_out(logits, x, w_chunk.t());
-    }
-    return logits;
-  }
-  at::Tensor logits =
-      bias_chunk.defined() ? at::addmm(bias_chunk, x, w_chunk.t()) : at::mm(x, w_chunk.t());
-  return logits.scalar_type() == out ? logits : logits.to(out);
-}
 
 void CrossEntropyKernels::softmax_grad_from_exp_inplace(const at::Tensor&, const at::Tensor&,
                                                         const at::Tensor&, const at::Tensor&,
@@ -40,24 +16,31 @@ void CrossEntropyKernels::softmax_grad_from_exp_inplace(const at::Tensor&, const
                         "softmax_grad_from_exp_inplace without accumulate_row_stats_leaving_exp");
 }
 
-void CrossEntropyKernels::add_product(at::Tensor& acc, const at::Tensor& a,
-                                      const at::Tensor& b) const {
-  if (acc.scalar_type() == a.scalar_type()) {
-    cpu_addmm_(acc, a, b);
-  } else {
-    acc.add_(at::mm(a, b));
-  }
+void CrossEntropyKernels::gather_scaled_unit_rows(at::Tensor& out, at::Tensor& norms,
+                                                  const at::Tensor& weight, const at::Tensor& kept,
+                                                  double scale, double eps) const {
+  at::index_select_out(out, weight, 0, kept);
+  at::linalg_vector_norm_out(norms, out, 2, {1});
+  out.mul_((scale / norms.clamp_min(eps)).unsqueeze(1));
 }
 
-void CrossEntropyKernels::write_product(at::Tensor& out, const at::Tensor& a,
-                                        const at::Tensor& b) const {
-  if (out.scalar_type() == a.scalar_type()) {
-    cpu_mm_out(out, a, b);
-  } else {
-    // No CPU GEMM returns float32 from float16/bfloat16 operands (it
-    // accumulates in float32 inside and rounds its output): one rounding.
-    out.copy_(at::mm(a, b));
+void CrossEntropyKernels::project_out_rows(at::Tensor& grad_rows, const at::Tensor& rows,
+                                           const at::Tensor& a, const at::Tensor& b,
+                                           at::ScalarType acc) const {
+  // The dots a slice of rows at a time, so that their product stays small
+  // (and in cache) instead of growing with the weight.
+  constexpr int64_t kDotRows = 256;
+  const int64_t n = rows.size(0);
+  at::Tensor along = at::empty({n}, b.options());
+  for (int64_t r0 = 0; r0 < n; r0 += kDotRows) {
+    const int64_t r = std::min(kDotRows, n - r0);
+    at::Tensor out = along.narrow(0, r0, r);
+    at::sum_out(out, grad_rows.narrow(0, r0, r).mul(rows.narrow(0, r0, r)), {1},
+                /*keepdim=*/false, acc);
   }
+  along.mul_(b);
+  if (a.defined()) grad_rows.mul_(a.unsqueeze(1).to(grad_rows.scalar_type()));
+  grad_rows.addcmul_(rows, along.unsqueeze(1).to(grad_rows.scalar_type()), -1.0);
 }
 
 }  // namespace ops

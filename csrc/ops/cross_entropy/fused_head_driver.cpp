@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "comm/registry.h"
-#include "ops/cpu/cpu_gemm.h"
 #include "ops/cross_entropy/probability_target.h"
 #include "ops/recycled_buffers.h"
 #include "ops/scratch_buffer.h"
@@ -26,7 +25,8 @@ void add_row_statistics(const CrossEntropyKernels& kernels, const at::Tensor& lo
   kernels.accumulate_row_stats(logits, begin, setup.target_local, setup.weight_local, stats,
                                at::Tensor());
   if (setup.probability_target) {
-    accumulate_probability_stats(logits, begin, setup.target_probs, setup.weight_local, stats);
+    accumulate_probability_stats(logits, begin, setup.target_probs, setup.weight_local, stats,
+                                 kernels.probability_block_elements());
   }
 }
 
@@ -37,7 +37,8 @@ bool add_block_statistics(const CrossEntropyKernels& kernels, const at::Tensor& 
                           const CrossEntropyForwardSetup& setup, const at::Tensor& stats) {
   // The probability target's sums read the logits: before they are replaced.
   if (setup.probability_target) {
-    accumulate_probability_stats(logits, 0, setup.target_probs, setup.weight_local, stats);
+    accumulate_probability_stats(logits, 0, setup.target_probs, setup.weight_local, stats,
+                                 kernels.probability_block_elements());
   }
   if (kernels.accumulate_row_stats_leaving_exp(logits, setup.target_local, setup.weight_local,
                                                stats)) {
@@ -61,7 +62,8 @@ void softmax_gradient(const CrossEntropyKernels& kernels, const at::Tensor& valu
   }
   if (probs.defined()) {
     subtract_probability_gradient(values, begin, probs, weight_local,
-                                  coefs.select(1, kCoefTargetScale));
+                                  coefs.select(1, kCoefTargetScale),
+                                  kernels.probability_block_elements());
   }
 }
 
@@ -178,20 +180,14 @@ class TileGradients {
     if (last_rows) head_.finish_weight_rows(rows_of_grad, begin, width, whole);
   }
 
+  // Reduced-precision GEMM operands (autocast) go into the float32 master
+  // weight's gradient too: the kernels' products accumulate in float32.
   void write_weight_product(at::Tensor& rows_of_grad, const at::Tensor& grad, const at::Tensor& x,
                             bool first_rows) {
-    if (grad.scalar_type() != rows_of_grad.scalar_type()) {
-      // Reduced-precision GEMM operands (autocast) into the float32 master
-      // weight's gradient: the kernels' products accumulate in float32.
-      if (first_rows) {
-        kernels_.write_product(rows_of_grad, grad.t(), x);
-      } else {
-        kernels_.add_product(rows_of_grad, grad.t(), x);
-      }
-    } else if (first_rows) {
-      cpu_mm_out(rows_of_grad, grad.t(), x);
+    if (first_rows) {
+      kernels_.write_product(rows_of_grad, grad.t(), x);
     } else {
-      cpu_addmm_(rows_of_grad, grad.t(), x);
+      kernels_.add_product(rows_of_grad, grad.t(), x);
     }
   }
 
