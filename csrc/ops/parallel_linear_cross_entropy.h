@@ -75,19 +75,6 @@ parallel_linear_cross_entropy_forward_with_gradients(
     double label_smoothing, double z_loss, int64_t reduction, int64_t chunk_size,
     const std::string& group, std::optional<int64_t> num_classes, std::array<bool, 3> output_mask);
 
-// Whether autograd takes the gradients-in-forward way (both fused losses): a
-// scalar loss (reduction mean or sum), whose upstream gradient is one number;
-// a float32/float64 classifier (a reduced-precision gradient scaled after its
-// GEMM would be rounded twice); and a gradient to compute.
-bool parallel_linear_cross_entropy_gradients_in_forward(const at::Tensor& weight, int64_t reduction,
-                                                        bool any_gradient);
-
-// A gradient of _parallel_linear_cross_entropy_forward_with_gradients (or of
-// the margin loss's) times the upstream gradient `grad_loss` (one value), in
-// place or not; returned as is where grad_loss is a CPU 1 (loss.backward()).
-at::Tensor parallel_linear_cross_entropy_apply_upstream(const at::Tensor& gradient,
-                                                        const at::Tensor& grad_loss, bool in_place);
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor> parallel_linear_cross_entropy_backward(
     const at::Tensor& grad_loss, const at::Tensor& input, const at::Tensor& weight,
     const std::optional<at::Tensor>& bias, const at::Tensor& row_stats, const at::Tensor& target,
