@@ -107,7 +107,8 @@ class SimulatedGroup {
     auto state = state_;
     previous_ = comm::register_communicator_factory(
         c10::DeviceType::CPU,
-        [state](const comm::GroupInfo& group, const c10::Device&) -> std::shared_ptr<comm::Communicator> {
+        [state](const comm::GroupInfo& group,
+                const c10::Device&) -> std::shared_ptr<comm::Communicator> {
           for (size_t r = 0; r < state->names.size(); ++r) {
             if (state->names[r] != group.layout.name) continue;
             auto rank = std::make_shared<Rank>(state, static_cast<int64_t>(r));
@@ -167,8 +168,8 @@ class SimulatedGroup {
         collectives.push_back(std::move(c));
       }
       Collective& c = collectives[ordinal];
-      TORCH_CHECK(c.kind.empty() || c.kind == kind, "simulated group: launch ", ordinal,
-                  " is a ", c.kind, " on one rank and a ", kind, " on another");
+      TORCH_CHECK(c.kind.empty() || c.kind == kind, "simulated group: launch ", ordinal, " is a ",
+                  c.kind, " on one rank and a ", kind, " on another");
       c.kind = kind;
       c.inputs[r] = input.clone();
       c.outputs[r] = output;
@@ -210,7 +211,8 @@ class SimulatedGroup {
                                                        at::Tensor& output) override {
       return launch("all_gather", input, output);
     }
-    std::shared_ptr<comm::CommHandle> reduce_scatter_async(const at::Tensor&, at::Tensor&) override {
+    std::shared_ptr<comm::CommHandle> reduce_scatter_async(const at::Tensor&,
+                                                           at::Tensor&) override {
       TORCH_CHECK(false, "simulated group: reduce_scatter is not simulated");
     }
     std::shared_ptr<comm::CommHandle> broadcast_async(at::Tensor&, int64_t) override {
@@ -347,8 +349,7 @@ class FakeCudaCommunicators {
 // verdict given without waiting) is an error of its own.
 class FakeDeferredChecks {
  public:
-  explicit FakeDeferredChecks(int64_t lag)
-      : checks_(lag, [this] { events_.push_back("abort"); }) {}
+  explicit FakeDeferredChecks(int64_t lag) : checks_(lag, [this] { events_.push_back("abort"); }) {}
 
   int64_t add(std::vector<double> values, bool ready, bool a_rank_left, bool arrives) {
     const int64_t id = static_cast<int64_t>(ready_.size());
@@ -584,8 +585,9 @@ void bind_comm_testing(py::module& m) {
            py::call_guard<py::gil_scoped_release>())
       .def("aborted", &SimulatedGroup::aborted, py::arg("rank"))
       .def("stuck", &SimulatedGroup::stuck, py::arg("rank"))
-      .def("counts", [](SimulatedGroup& self, int64_t r) { return counts_dict(self.counts(r)); },
-           py::arg("rank"))
+      .def(
+          "counts", [](SimulatedGroup& self, int64_t r) { return counts_dict(self.counts(r)); },
+          py::arg("rank"))
       .def("close", &SimulatedGroup::close)
       .def(
           "__enter__", [](SimulatedGroup& self) -> SimulatedGroup& { return self; },

@@ -75,9 +75,9 @@ at::Tensor fused_head_forward(torch::autograd::AutogradContext* ctx, const at::T
 // forward), the saved gradients scaled, or those `recompute(saved, grad_loss,
 // result)` writes into result with the forward's GEMM dtype set. Nothing
 // where the upstream gradient is undefined.
-using Recompute = std::function<void(const torch::autograd::variable_list& saved,
-                                     const at::Tensor& grad_loss,
-                                     torch::autograd::variable_list& result)>;
+using Recompute =
+    std::function<void(const torch::autograd::variable_list& saved, const at::Tensor& grad_loss,
+                       torch::autograd::variable_list& result)>;
 torch::autograd::variable_list fused_head_backward(torch::autograd::AutogradContext* ctx,
                                                    const torch::autograd::variable_list& grads,
                                                    size_t inputs, const char* op,

@@ -37,7 +37,8 @@ class ParallelLinearCrossEntropyFunction : public Function<ParallelLinearCrossEn
     const std::array<bool, 3> mask{
         grad_mode && input.requires_grad(), grad_mode && weight.requires_grad(),
         grad_mode && bias.has_value() && bias->defined() && bias->requires_grad()};
-    save_arguments(ctx, Arguments(ignore_index, label_smoothing, z_loss, reduction, chunk_size, group));
+    save_arguments(ctx,
+                   Arguments(ignore_index, label_smoothing, z_loss, reduction, chunk_size, group));
     return fused_head_forward(
         ctx, weight, reduction, mask[0] || mask[1] || mask[2], /*gradient_count=*/3,
         [&]() -> LossAndSaved {
@@ -51,8 +52,9 @@ class ParallelLinearCrossEntropyFunction : public Function<ParallelLinearCrossEn
           auto [loss, row_stats] = ops::parallel_linear_cross_entropy_forward(
               input, weight, bias, target, class_weight, ignore_index, label_smoothing, z_loss,
               reduction, chunk_size, group, num_classes);
-          return {loss, {input, weight, bias.value_or(at::Tensor()), row_stats, target,
-                         class_weight.value_or(at::Tensor())}};
+          return {loss,
+                  {input, weight, bias.value_or(at::Tensor()), row_stats, target,
+                   class_weight.value_or(at::Tensor())}};
         });
   }
 

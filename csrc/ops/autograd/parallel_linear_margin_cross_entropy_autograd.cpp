@@ -24,8 +24,8 @@ namespace {
 constexpr const char* kOp = "shard::parallel_linear_margin_cross_entropy";
 // scale, m1, m2, m3, easy_margin, ignore_index, label_smoothing, reduction,
 // chunk_size, group: what the backward op takes besides tensors.
-using Arguments =
-    std::tuple<double, double, double, double, bool, int64_t, double, int64_t, int64_t, std::string>;
+using Arguments = std::tuple<double, double, double, double, bool, int64_t, double, int64_t,
+                             int64_t, std::string>;
 
 // The kept classes are strictly increasing (the forward checked): the
 // sparse gradient is coalesced as built.

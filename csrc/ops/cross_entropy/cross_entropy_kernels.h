@@ -109,9 +109,8 @@ class CrossEntropyKernels {
   // The kept rows normalised and scaled: out[k] = weight[kept[k]] * scale /
   // max(|weight[kept[k]]|, eps) and norms[k] = |weight[kept[k]]| (unclamped,
   // in the rows' dtype); out [kept, features] and norms [kept] written whole.
-  virtual void gather_scaled_unit_rows(at::Tensor& out, at::Tensor& norms,
-                                       const at::Tensor& weight, const at::Tensor& kept,
-                                       double scale, double eps) const;
+  virtual void gather_scaled_unit_rows(at::Tensor& out, at::Tensor& norms, const at::Tensor& weight,
+                                       const at::Tensor& kept, double scale, double eps) const;
   // grad_rows [n, features] = a_j grad_rows_j - b_j (rows_j . grad_rows_j)
   // rows_j per row j, the dot taken (in `acc`) before the update; `a`
   // undefined is 1; a and b [n] in `acc`.

@@ -236,7 +236,8 @@ FusedHeadResult by_row_blocks(const FusedHead& head, const at::Tensor& input,
       exp_left = add_block_statistics(kernels, chunk.values, block, stats);
     }
     // Every block carries the whole batch's checks: the first's verdict raises them.
-    saved_blocks.push_back(combine_over_group(block, stats, options, op, /*give_verdict=*/begin == 0));
+    saved_blocks.push_back(
+        combine_over_group(block, stats, options, op, /*give_verdict=*/begin == 0));
     if (compute) {
       // A probability target's block is already this rank's columns (no copy).
       const at::Tensor block_target =

@@ -11,7 +11,6 @@ namespace shardtorch {
 namespace ops {
 namespace {
 
-
 at::Tensor as_stats_dtype(const at::Tensor& t, at::ScalarType acc) {
   return t.scalar_type() == acc ? t : t.to(acc);
 }

@@ -256,7 +256,8 @@ __global__ void project_out_rows_kernel(scalar_t* __restrict__ grad,
   const acc_t scale = a ? a[row] : acc_t(1);
   const acc_t along = dot * b[row];
   for (int64_t c = lane; c < features; c += 32) {
-    g[c] = static_cast<scalar_t>(scale * static_cast<acc_t>(g[c]) - along * static_cast<acc_t>(w[c]));
+    g[c] =
+        static_cast<scalar_t>(scale * static_cast<acc_t>(g[c]) - along * static_cast<acc_t>(w[c]));
   }
 }
 
@@ -385,7 +386,8 @@ class CudaCrossEntropyKernels final : public CrossEntropyKernels {
           using acc_t = acc_type_of<scalar_t>;
           TORCH_CHECK(b_acc.scalar_type() == c10::CppTypeToScalarType<acc_t>::value,
                       "project_out_rows: the coefficients must be in the rows' accumulate dtype, "
-                      "got ", b_acc.scalar_type());
+                      "got ",
+                      b_acc.scalar_type());
           project_out_rows_kernel<scalar_t, acc_t><<<blocks, kThreads, 0, stream>>>(
               grad_rows.data_ptr<scalar_t>(), rows.const_data_ptr<scalar_t>(), n, features,
               a_acc.defined() ? a_acc.const_data_ptr<acc_t>() : nullptr,
