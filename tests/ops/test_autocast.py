@@ -160,18 +160,25 @@ def _run_margin_head(x, w, target, kept, dtype, amp):
     return loss.detach(), xs.grad, ws.grad
 
 
+def _margin_inputs(rows, classes, features, seed, sampled):
+    """Random rows, weight and targets, and with ``sampled`` the kept classes (the targets' and
+    about half of the others); the generator, for further draws."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, features, generator=g)
+    w = torch.randn(classes, features, generator=g)
+    target = torch.randint(0, classes, (rows,), generator=g)
+    kept = None
+    if sampled:
+        kept = torch.unique(torch.cat([target, torch.randperm(classes, generator=g)[: classes // 2]]))
+    return x, w, target, kept, g
+
+
 def check_margin_loss_under_autocast(device, dtype, shape, sampled):
     from tests.reference import margin_cross_entropy_reference
     rows, classes = SHAPES[shape]
     if sampled:
         classes *= 2  # about half of them kept: the same columns as unsampled
-    g = torch.Generator().manual_seed(9)
-    x = torch.randn(rows, 32, generator=g)
-    w = torch.randn(classes, 32, generator=g)
-    target = torch.randint(0, classes, (rows,), generator=g)
-    kept = None
-    if sampled:
-        kept = torch.unique(torch.cat([target, torch.randperm(classes, generator=g)[: classes // 2]]))
+    x, w, target, kept, _ = _margin_inputs(rows, classes, 32, 9, sampled)
     on = [x.to(device), w.to(device), target.to(device), None if kept is None else kept.to(device)]
     (loss, gx, gw), gemms = _gemm_operand_dtypes(lambda: _run_margin_head(*on, dtype, True))
     if sampled:
@@ -264,14 +271,8 @@ def check_linear_cross_entropy_every_reduction(device, dtype, reduction):
 
 def check_margin_loss_every_reduction(device, dtype, reduction, sampled):
     from tests.reference import margin_cross_entropy_reference
-    g = torch.Generator().manual_seed(12)
     rows, classes, features, scale = 64, 3000, 256, 64.0
-    x = torch.randn(rows, features, generator=g)
-    w = torch.randn(classes, features, generator=g)
-    target = torch.randint(0, classes, (rows,), generator=g)
-    kept = None
-    if sampled:
-        kept = torch.unique(torch.cat([target, torch.randperm(classes, generator=g)[: classes // 2]]))
+    x, w, target, kept, g = _margin_inputs(rows, classes, features, 12, sampled)
     upstream = torch.rand(rows, generator=g, dtype=torch.float64) + 0.5 if reduction == "none" else None
     xs, ws = (t.to(device, copy=True).requires_grad_() for t in (x, w))
 
