@@ -114,6 +114,5 @@ setup(
     python_requires=">=3.10",
     install_requires=["torch>=2.11"],
     extras_require=EXTRAS,
-    entry_points={"console_scripts": ["shardtorch-train=shardtorch.train:main"]},
     zip_safe=False,
 )

@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}"
 TARGET=benchmarks/.peers
-# Pinned so that the figures in benchmarks/RESULTS.md can be reproduced. None of
+# Pinned so that the figures in benchmarks/results/comparison.md can be reproduced. None of
 # them needs more than torch, numpy and packaging (all in the venv) for the layers
 # used here; SHARDTORCH_PEERS_EXTRA adds pure-python packages to the same folder.
 PEERS="${SHARDTORCH_PEERS:-torchshard==0.1.0 fairscale==0.4.13 megatron-core==0.16.1}"

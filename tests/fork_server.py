@@ -20,7 +20,7 @@ What a fresh interpreter would do differently is kept out:
 - ``SHARDTORCH_TEST_FORK=0`` turns the servers off (every rank by exec). torchrun's agents
   (the elastic tests) and the C++ programs always start by exec.
 
-On the 2-core VM of benchmarks/RESULTS.md, tests/distributed and tests/compat took 494 s with
+On the 2-core VM of benchmarks/results/build.md, tests/distributed and tests/compat took 494 s with
 every rank exec'd and 303 s with the servers (the same 423 tests).
 
 Protocol (a Unix socket per server): the client sends one JSON request and the write end of its

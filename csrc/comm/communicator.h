@@ -79,6 +79,10 @@ class Communicator {
   virtual void check_deferred() {}
   // What the deferred checks did so far (all zero where raise_if is immediate).
   virtual DeferredCheckCounts deferred_check_counts() const { return {}; }
+  // Blocks the host until the collectives launched so far are done, before
+  // it reads their outputs (a rank about to raise reads what its peers'
+  // checks found). Nothing to do where wait() blocks already (CPU).
+  virtual void synchronize() {}
 
   void all_reduce(at::Tensor& tensor) { all_reduce_async(tensor)->wait(); }
   void all_gather(const at::Tensor& input, at::Tensor& output) {

@@ -34,7 +34,7 @@ namespace comm {
 // What a check's values mean: an empty error when all is well. a_rank_left:
 // the check a rank failed was one only it could make, known on its host, so it
 // raised at once (Communicator::raised_alone) and joins no later collective:
-// the collectives launched since wait for it forever (NcclCommunicator aborts).
+// the collectives launched since wait for it forever (the communicator aborts).
 struct CheckOutcome {
   CheckOutcome(std::string error_ = std::string(), bool a_rank_left_ = false)
       : error(std::move(error_)), a_rank_left(a_rank_left_) {}
@@ -55,6 +55,7 @@ struct DeferredCheckCounts {
   int64_t pending = 0;   // checks made, not yet settled
   int64_t settled = 0;   // checks whose verdict was given
   int64_t waits = 0;     // settled checks whose copy was not ready: the host blocked
+  int64_t dropped = 0;   // checks left unread because a verdict said a rank left
 };
 
 class DeferredChecks {
@@ -62,15 +63,28 @@ class DeferredChecks {
   // 8 launches: docs/cuda.md ("Errors without host synchronisation").
   static constexpr int64_t kDefaultLag = 8;
 
-  explicit DeferredChecks(int64_t lag = kDefaultLag) : lag_(lag) {
+  // `abort_on_rank_left` (may be empty) runs once, the moment a verdict says
+  // a rank left, before anything else is waited for: it must make the
+  // collectives launched since return (NCCL: ncclCommAbort). Every check
+  // still pending then is dropped unread: its copy waits behind collectives
+  // the rank that left never joins (it would never arrive without the
+  // abort), and its values are garbage after it.
+  explicit DeferredChecks(int64_t lag = kDefaultLag,
+                          std::function<void()> abort_on_rank_left = nullptr)
+      : lag_(lag), abort_on_rank_left_(std::move(abort_on_rank_left)) {
     TORCH_CHECK(lag >= 1, "DeferredChecks: lag must be at least 1, got ", lag);
   }
 
   int64_t lag() const { return lag_; }
 
   // A check on the values of a collective already launched (the latest one).
+  // After a rank left it is dropped at once (its collective's output is garbage).
   void add(CheckCopy copy, CheckVerdict verdict) {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (a_rank_left_) {
+      ++dropped_;
+      return;
+    }
     pending_.push_back(Pending{launches_ + lag_, std::move(copy), std::move(verdict)});
   }
 
@@ -84,10 +98,17 @@ class DeferredChecks {
   }
 
   // Settles every pending check now (waiting for copies not ready): what
-  // ts.distributed.check_deferred() and the group's destruction do.
+  // ts.distributed.check_deferred(), the group's destruction and an op before
+  // it returns do (every rank at the same point of its program).
   [[nodiscard]] CheckOutcome settle_all() {
     std::lock_guard<std::mutex> lock(mutex_);
     return settle_locked(INT64_MAX);
+  }
+
+  // Whether a verdict said a rank left (the abort ran).
+  bool a_rank_left() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return a_rank_left_;
   }
 
   DeferredCheckCounts counts() const {
@@ -97,6 +118,7 @@ class DeferredChecks {
     c.pending = static_cast<int64_t>(pending_.size());
     c.settled = settled_;
     c.waits = waits_;
+    c.dropped = dropped_;
     return c;
   }
 
@@ -107,9 +129,11 @@ class DeferredChecks {
     CheckVerdict verdict;
   };
 
-  // Checks are added in launch order, so the due ones are at the front. Every
-  // due check is settled (and dropped) even after one fails, so that a later
-  // launch does not raise an older error again.
+  // Checks are added in launch order, so the due ones are at the front, and a
+  // copy is waited for only while no verdict has said a rank left: up to the
+  // check that says it, every collective was joined by every rank, so every
+  // copy arrives. Every due check is settled (and dropped) even after one
+  // fails, so that a later launch does not raise an older error again.
   CheckOutcome settle_locked(int64_t up_to) {
     CheckOutcome first;
     while (!pending_.empty() && pending_.front().due <= up_to) {
@@ -121,20 +145,68 @@ class DeferredChecks {
       }
       ++settled_;
       CheckOutcome outcome = check.verdict(check.copy.values());
-      const bool left = first.a_rank_left || outcome.a_rank_left;
       if (first.error.empty()) first = std::move(outcome);
-      first.a_rank_left = left;
+      if (outcome.a_rank_left || first.a_rank_left) {
+        first.a_rank_left = true;
+        rank_left_locked();
+        break;
+      }
     }
     return first;
   }
 
+  // Abort first (the collectives since return), then drop what is pending.
+  void rank_left_locked() {
+    if (!a_rank_left_) {
+      a_rank_left_ = true;
+      if (abort_on_rank_left_) abort_on_rank_left_();
+    }
+    dropped_ += static_cast<int64_t>(pending_.size());
+    pending_.clear();
+  }
+
   const int64_t lag_;
+  const std::function<void()> abort_on_rank_left_;
   mutable std::mutex mutex_;
   std::deque<Pending> pending_;
   int64_t launches_ = 0;
   int64_t settled_ = 0;
   int64_t waits_ = 0;
+  int64_t dropped_ = 0;
+  bool a_rank_left_ = false;
 };
+
+// This rank's own departure: a check only it could make failed on its host, it
+// raised at once (Communicator::raised_alone), and it joins no later launch of
+// the group (its peers abort theirs at their verdict).
+class RaisedAlone {
+ public:
+  void record(const std::string& error) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (error_.empty()) error_ = error.empty() ? std::string("an argument check") : error;
+  }
+  // Throws before a launch once this rank left.
+  void check_before_launch(const std::string& communicator, const char* what) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    TORCH_CHECK(error_.empty(), communicator, ": ", what, ": this rank raised \"", error_,
+                "\" alone and left the group's collectives (its peers abort theirs at their "
+                "verdict on it)");
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::string error_;
+};
+
+// Raises a failed verdict (nothing when it passed). Where the failing rank
+// raised alone, `communicator` (described for the message) is aborted already.
+inline void raise_failed_check(const CheckOutcome& failed, const std::string& communicator) {
+  if (failed.error.empty()) return;
+  TORCH_CHECK(!failed.a_rank_left, failed.error,
+              " (that rank raised at once and left the group's collectives: this rank's ",
+              communicator, " is aborted)");
+  TORCH_CHECK(false, failed.error);
+}
 
 }  // namespace comm
 }  // namespace shardtorch

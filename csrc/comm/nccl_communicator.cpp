@@ -4,6 +4,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <nccl.h>
@@ -165,7 +166,11 @@ class NcclCommunicator final : public Communicator {
         device_(tensors_device.has_index() ? tensors_device.index() : c10::cuda::current_device()),
         stream_(at::cuda::getStreamFromPool(/*isHighPriority=*/true, device_)),
         launch_mutex_(device_launch_mutex(c10::Device(c10::kCUDA, device_))),
-        events_(std::make_shared<EventPool>()) {
+        events_(std::make_shared<EventPool>()),
+        // A verdict that a rank left aborts before anything else is waited
+        // for: the collectives launched since wait for that rank in vain.
+        deferred_checks_(DeferredChecks::kDefaultLag, [this] { abort_for_a_rank_that_left(); }),
+        description_("NCCL communicator for group '" + name_ + "'") {
     const ncclUniqueId id = share_unique_id(group);
     c10::cuda::CUDAGuard guard(device_);
     ncclComm_t raw = nullptr;
@@ -194,20 +199,22 @@ class NcclCommunicator final : public Communicator {
 
   // Every healthy rank takes the same path (comm/nccl_teardown.h).
   ~NcclCommunicator() override {
-    if (nccl_teardown(aborted_.load()) == NcclTeardown::kDrainThenDestroy) {
-      c10::cuda::CUDAGuard guard(device_);
-      // With the watchdog still on: a peer that never finishes makes it fire.
-      static_cast<void>(cudaStreamSynchronize(stream_.stream()));
-    }
     // A check no later collective came to raise must not vanish unseen
-    // (destroy_process_group raises it before this: check_deferred()).
+    // (destroy_process_group raises it before this: check_deferred()). First:
+    // a verdict that a rank left aborts, and the drain must then not wait for
+    // the collectives that rank never joins.
     try {
-      const CheckOutcome left = deferred_checks_.settle_all();
-      TORCH_CHECK(left.error.empty(), left.error);
+      c10::cuda::CUDAGuard guard(device_);
+      raise_failed_check(deferred_checks_.settle_all(), description_);
     } catch (const c10::Error& e) {
       std::fprintf(stderr, "%s\n", e.what_without_backtrace());
     } catch (const std::exception& e) {
       std::fprintf(stderr, "%s\n", e.what());
+    }
+    if (nccl_teardown(aborted_.load()) == NcclTeardown::kDrainThenDestroy) {
+      c10::cuda::CUDAGuard guard(device_);
+      // With the watchdog still on: a peer that never finishes makes it fire.
+      static_cast<void>(cudaStreamSynchronize(stream_.stream()));
     }
     // Stop watching before the communicator goes (handles may keep the
     // watchdog object alive, not its thread).
@@ -281,7 +288,7 @@ class NcclCommunicator final : public Communicator {
 
   void check_deferred() override {
     c10::cuda::CUDAGuard guard(device_);
-    raise_failed_check(deferred_checks_.settle_all());
+    raise_failed_check(deferred_checks_.settle_all(), description_);
   }
 
   // Its peers learn it at their 8th collective after this one, having launched
@@ -289,12 +296,16 @@ class NcclCommunicator final : public Communicator {
   // here: its collectives so far were all joined by its peers, so they end),
   // and its peers abort theirs (raise_failed_check).
   void raised_alone(const std::string& error) override {
-    if (size_ == 1) return;
-    std::lock_guard<std::mutex> lock(left_mutex_);
-    if (left_error_.empty()) left_error_ = error.empty() ? std::string("an argument check") : error;
+    if (size_ > 1) raised_alone_.record(error);
   }
 
   DeferredCheckCounts deferred_check_counts() const override { return deferred_checks_.counts(); }
+
+  void synchronize() override {
+    c10::cuda::CUDAGuard guard(device_);
+    watchdog_->check();
+    C10_CUDA_CHECK(cudaStreamSynchronize(stream_.stream()));
+  }
 
   std::shared_ptr<CommHandle> send_async(const at::Tensor& tensor, int64_t dst) override {
     return enqueue({tensor}, "send", [&](cudaStream_t s) {
@@ -323,21 +334,14 @@ class NcclCommunicator final : public Communicator {
     ncclCommAbort(comm_.get());
   }
 
-  // Raises a failed deferred check. When the failing rank raised it alone
-  // (raised_alone) long ago, the collectives launched since wait for it in
-  // vain: the communicator is aborted (they return; this rank's later
-  // launches raise), as every healthy rank of the group does at this launch.
-  void raise_failed_check(const CheckOutcome& failed) {
-    if (failed.error.empty()) return;
-    if (failed.a_rank_left && size_ > 1) {
-      watchdog_->stop();  // it polls the communicator that the abort frees
-      abort();
-      TORCH_CHECK(false, failed.error,
-                  " (that rank raised at once and left the group's collectives: this rank's "
-                  "NCCL communicator for group '",
-                  name_, "' is aborted)");
-    }
-    TORCH_CHECK(false, failed.error);
+  // A verdict said a rank raised a check alone long ago: the collectives
+  // launched since wait for it in vain. Aborted (they return; this rank's
+  // later launches raise), as every healthy rank of the group does at this
+  // verdict. The watchdog stops first: it polls the communicator the abort frees.
+  void abort_for_a_rank_that_left() {
+    if (size_ == 1) return;
+    watchdog_->stop();
+    abort();
   }
 
   template <typename Launch>
@@ -352,15 +356,10 @@ class NcclCommunicator final : public Communicator {
     // GPU is `lag` collectives behind) must not hold up other groups' launches.
     // Counted before the launch is tried: one that then fails on this rank
     // alone still moves the ordinal as its peers' launches do.
-    {
-      std::lock_guard<std::mutex> lock(left_mutex_);
-      TORCH_CHECK(left_error_.empty(), "shardtorch NCCL ", what, " on group '", name_,
-                  "': this rank raised \"", left_error_,
-                  "\" alone and left the group's collectives (its peers aborted theirs)");
-    }
+    raised_alone_.check_before_launch(description_, what);
     {
       c10::cuda::CUDAGuard guard(device_);
-      raise_failed_check(deferred_checks_.before_launch());
+      raise_failed_check(deferred_checks_.before_launch(), description_);
     }
     // One launch at a time on this device, whichever communicator (NCCL's rule).
     return with_device_launch_lock(launch_mutex_, [&] {
@@ -412,8 +411,8 @@ class NcclCommunicator final : public Communicator {
   std::shared_ptr<EventPool> events_;
   // raise_if's checks, settled at the ordinal every rank agrees on.
   DeferredChecks deferred_checks_;
-  std::mutex left_mutex_;
-  std::string left_error_;  // raised_alone's: not empty once this rank left
+  const std::string description_;  // for errors: "NCCL communicator for group '...'"
+  RaisedAlone raised_alone_;
   // Declared last: destroyed first, so its thread never sees a half-gone communicator.
   std::shared_ptr<CollectiveWatchdog> watchdog_;
 };

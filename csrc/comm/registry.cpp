@@ -255,6 +255,7 @@ DeferredCheckCounts deferred_check_counts(const std::string& name) {
     total.pending += counts.pending;
     total.settled += counts.settled;
     total.waits += counts.waits;
+    total.dropped += counts.dropped;
   }
   return total;
 }

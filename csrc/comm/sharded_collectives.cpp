@@ -93,6 +93,10 @@ std::vector<int64_t> exchange_values(Communicator& comm, const std::vector<int64
     auto host = communicator_for(comm.group_name(), c10::Device(c10::kCPU), "exchange_values");
     return exchange_values(*host, local, c10::Device(c10::kCPU));
   }
+  // The host waits for the device below: the checks still deferred are
+  // settled first, so that one saying a rank left aborts the collectives that
+  // wait for it instead of this wait hanging behind them.
+  comm.check_deferred();
   at::Tensor mine = at::tensor(local, at::kLong).to(device);
   at::Tensor all = at::empty({comm.size() * count}, mine.options());
   comm.all_gather(mine, all);

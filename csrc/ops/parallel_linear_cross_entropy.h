@@ -12,7 +12,7 @@
 //   in_features], bias [local_classes]; the other arguments as in
 //   parallel_cross_entropy. The logits never exist whole: the extra memory is
 //   O(max(rows x chunk_size, 2^22)) whatever the number of classes (chunk_size
-//   default 4096; 2^22 is kGradientBlockMinElements of ops/fused_head_driver.h),
+//   default 4096; 2^22 is kGradientBlockMinElements of ops/cross_entropy/fused_head_driver.h),
 //   or, where that would make blocks of rows thinner than 128, no more than
 //   the weight gradient (local_classes x in_features).
 //
@@ -22,7 +22,7 @@
 //   weight and bias gradients too, and backward only scales them by the
 //   upstream gradient (not at all for loss.backward()'s 1 on CPU). Where a block of rows holding
 //   all of the largest shard's classes fits the memory bound
-//   (fused_head_gradient_block_rows > 0, ops/fused_head_driver.h), each row's
+//   (fused_head_gradient_block_rows > 0, ops/cross_entropy/fused_head_driver.h), each row's
 //   logits are computed once: three GEMMs, against four when they are
 //   recomputed; one all-gather of statistics per block of rows and one
 //   all-reduce of the input gradient. Otherwise the forward computes the
@@ -74,19 +74,6 @@ parallel_linear_cross_entropy_forward_with_gradients(
     const at::Tensor& target, const std::optional<at::Tensor>& class_weight, int64_t ignore_index,
     double label_smoothing, double z_loss, int64_t reduction, int64_t chunk_size,
     const std::string& group, std::optional<int64_t> num_classes, std::array<bool, 3> output_mask);
-
-// Whether autograd takes the gradients-in-forward way (both fused losses): a
-// scalar loss (reduction mean or sum), whose upstream gradient is one number;
-// a float32/float64 classifier (a reduced-precision gradient scaled after its
-// GEMM would be rounded twice); and a gradient to compute.
-bool parallel_linear_cross_entropy_gradients_in_forward(const at::Tensor& weight, int64_t reduction,
-                                                        bool any_gradient);
-
-// A gradient of _parallel_linear_cross_entropy_forward_with_gradients (or of
-// the margin loss's) times the upstream gradient `grad_loss` (one value), in
-// place or not; returned as is where grad_loss is a CPU 1 (loss.backward()).
-at::Tensor parallel_linear_cross_entropy_apply_upstream(const at::Tensor& gradient,
-                                                        const at::Tensor& grad_loss, bool in_place);
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> parallel_linear_cross_entropy_backward(
     const at::Tensor& grad_loss, const at::Tensor& input, const at::Tensor& weight,

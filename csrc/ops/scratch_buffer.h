@@ -18,7 +18,7 @@ namespace ops {
 // (the buffer is written whole) and stays accounted by torch's allocator.
 // Only scratch: advising the weight gradient too (which the caller keeps)
 // was slower on this project's (virtual) machines, at 100 MB and 1 GB alike,
-// while the scratch buffers' advice kept its gain (benchmarks/RESULTS.md).
+// while the scratch buffers' advice kept its gain (benchmarks/results/margin.md).
 at::Tensor empty_scratch_buffer(at::IntArrayRef sizes, const at::TensorOptions& options);
 
 constexpr int64_t kHugePageAdviceBytes = int64_t(4) << 20;

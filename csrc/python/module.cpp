@@ -65,12 +65,14 @@ PYBIND11_MODULE(_C, m) {
         out["pending"] = counts.pending;
         out["settled"] = counts.settled;
         out["waits"] = counts.waits;
+        out["dropped"] = counts.dropped;
         return out;
       },
       py::arg("group") = std::string(),
       "Summed over the group's (every group's when empty) communicators made so far: launches, "
-      "deferred checks pending and settled, and waits (settled checks whose copy was not ready "
-      "when due: the host blocked on a CUDA event, which sync_debug_mode does not see).");
+      "deferred checks pending and settled, waits (settled checks whose copy was not ready "
+      "when due: the host blocked on a CUDA event, which sync_debug_mode does not see), and "
+      "dropped (left unread after a verdict said a rank left).");
   m.def("has_group", &shardtorch::comm::has_group, py::arg("name"));
   m.def("group_names", &shardtorch::comm::group_names);
   m.def(

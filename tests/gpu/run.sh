@@ -4,14 +4,15 @@
 # nvcc, cmake, ninja, pybind11, pytest, no network): it builds in place with
 # the machine's own torch (an extension built elsewhere will not load there).
 #
-#   bash tests/gpu/run.sh quick   build, GPU tests, benchmarks/gpu_probe.py: one short call
-#                                 (each stage under a time limit, about 8 minutes at most)
-#   bash tests/gpu/run.sh         the same build and tests, then the longer benchmarks
+#   bash tests/gpu/run.sh [quick]  build, GPU tests, benchmarks/gpu_probe.py: one short call
+#                                  (each stage under a time limit, about 8 minutes at most)
+#   bash tests/gpu/run.sh full     the same build and tests, then the longer benchmarks
+#                                  (longer than one 10-minute call of the device tool)
 #
 #   OUT          folder for logs (the device tool sets it; default build/gpu-out)
 #   SHARDTORCH_CUDA_ARCH  default 9.0 (Hopper)
 set -uo pipefail
-MODE="${1:-full}"
+MODE="${1:-quick}"
 case "$MODE" in quick|full) ;; *) echo "usage: bash tests/gpu/run.sh [quick|full]" >&2; exit 2 ;; esac
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-build/gpu-out}"
@@ -19,7 +20,9 @@ mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
 export PYTHONUNBUFFERED=1 SHARDTORCH_CUDA=1 SHARDTORCH_CUDA_ARCH="${SHARDTORCH_CUDA_ARCH:-9.0}"
 export SHARDTORCH_JOBS="${SHARDTORCH_JOBS:-$(nproc)}" SHARDTORCH_BUILD_DIR=build/gpu
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+# The CMake first: the CUDA part needs 3.25.2 or newer (docs/building.md).
+{ cmake --version 2>&1 || echo "cmake: not found"; } | head -1 | tee "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$OUT/gpu.txt"
 $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/gpu.txt"
 
 # Stage limits (seconds) of the quick mode: 4 + 2.5 + 1.5 minutes. Only the library and its
@@ -39,7 +42,7 @@ status=0
 stage build "$OUT/build.log" $(limit 240) $PY setup.py build_ext --inplace || status=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if [ $status = 0 ]; then
-  stage gpu-tests "$OUT/gpu-tests.log" $(limit 150) $PY -m pytest tests/gpu -q -rs -p no:cacheprovider || status=1
+  stage gpu-tests "$OUT/gpu-tests.log" $(limit 150) $PY -m pytest tests/gpu -v -rs -p no:cacheprovider -o faulthandler_timeout=60 || status=1
   stage probe "$OUT/probe.log" $(limit 90) $PY benchmarks/gpu_probe.py --out "$OUT" || status=1
 fi
 echo "== summary ($MODE)"; printf '%s\n' "${summary[@]}"

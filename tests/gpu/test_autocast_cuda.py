@@ -5,8 +5,9 @@ Skipped where no GPU is present."""
 import pytest
 import torch
 
-from tests.ops.test_autocast import (SHAPES, check_linear_cross_entropy_under_autocast,
-                                     check_margin_loss_under_autocast)
+from tests.ops.test_autocast import (REDUCTIONS, SHAPES, check_linear_cross_entropy_every_reduction,
+                                     check_linear_cross_entropy_under_autocast,
+                                     check_margin_loss_every_reduction, check_margin_loss_under_autocast)
 
 pytestmark = pytest.mark.gpu
 
@@ -22,3 +23,16 @@ def test_linear_cross_entropy_under_cuda_autocast(cuda_world_of_one, shape, dtyp
 @pytest.mark.parametrize("shape", SHAPES)
 def test_margin_loss_under_cuda_autocast(cuda_world_of_one, shape, dtype, sampled):
     check_margin_loss_under_autocast("cuda", dtype, shape, sampled)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_linear_cross_entropy_every_reduction_under_cuda_autocast(cuda_world_of_one, reduction, dtype):
+    check_linear_cross_entropy_every_reduction("cuda", dtype, reduction)
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_margin_loss_every_reduction_under_cuda_autocast(cuda_world_of_one, reduction, dtype, sampled):
+    check_margin_loss_every_reduction("cuda", dtype, reduction, sampled)

@@ -103,7 +103,8 @@ def test_gradients_in_forward_paths_match_reference(dtype, tol, rows, classes, s
 @pytest.mark.parametrize("sampled", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_weight_rows_of_very_different_norms_match_f_normalize_float64(path, sampled, dtype):
-    """The normalisation on the small side and the weight gradient's projection (ATen ops on CUDA; a loop of
-    its own on the CPU) for rows of norms 1e-6 to 1e6, one below eps and a zero row."""
+    """The normalisation on the small side and the weight gradient's projection (a kernel of its own on
+    CUDA, a warp per row; a loop of its own on the CPU) for rows of norms 1e-6 to 1e6, one below eps and a
+    zero row."""
     from tests.ops.test_margin_ops import check_weight_rows_of_very_different_norms
     check_weight_rows_of_very_different_norms("cuda", path, sampled, dtype)

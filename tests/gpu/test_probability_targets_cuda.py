@@ -40,3 +40,20 @@ def test_matches_torch(dtype, reduction, weighted, smoothing, z_loss):
     tol = TOL[dtype]
     torch.testing.assert_close(loss.double(), ref, rtol=tol, atol=tol)
     torch.testing.assert_close(x.grad.double(), x_ref.grad, rtol=tol, atol=tol / 100)
+
+
+def test_a_million_local_classes_go_by_many_rows_a_block():
+    """On CUDA the probability passes take 2^26 values a block: 64 rows of a million classes, so 130
+    rows make three blocks, the last one short (one row a block would be thousands of launches)."""
+    torch.manual_seed(1)
+    rows, classes = 130, 1 << 20
+    full = torch.randn(rows, classes, device="cuda") * 3
+    probs = torch.randn(rows, classes, device="cuda").softmax(-1)
+    x = full.clone().requires_grad_()
+    loss = ts.nn.functional.parallel_cross_entropy(x, probs, None, -100, "mean", 0.1, 0.0, parallel=True)
+    x_ref = full.double().requires_grad_()
+    ref = probability_cross_entropy_reference(x_ref, probs.double(), None, "mean", 0.1, 0.0)
+    loss.backward()
+    ref.backward()
+    torch.testing.assert_close(loss.double(), ref, rtol=1e-5, atol=1e-5)
+    assert ((x.grad.double() - x_ref.grad).norm() / x_ref.grad.norm()).item() < 1e-5

@@ -160,18 +160,25 @@ def _run_margin_head(x, w, target, kept, dtype, amp):
     return loss.detach(), xs.grad, ws.grad
 
 
+def _margin_inputs(rows, classes, features, seed, sampled):
+    """Random rows, weight and targets, and with ``sampled`` the kept classes (the targets' and
+    about half of the others); the generator, for further draws."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, features, generator=g)
+    w = torch.randn(classes, features, generator=g)
+    target = torch.randint(0, classes, (rows,), generator=g)
+    kept = None
+    if sampled:
+        kept = torch.unique(torch.cat([target, torch.randperm(classes, generator=g)[: classes // 2]]))
+    return x, w, target, kept, g
+
+
 def check_margin_loss_under_autocast(device, dtype, shape, sampled):
     from tests.reference import margin_cross_entropy_reference
     rows, classes = SHAPES[shape]
     if sampled:
         classes *= 2  # about half of them kept: the same columns as unsampled
-    g = torch.Generator().manual_seed(9)
-    x = torch.randn(rows, 32, generator=g)
-    w = torch.randn(classes, 32, generator=g)
-    target = torch.randint(0, classes, (rows,), generator=g)
-    kept = None
-    if sampled:
-        kept = torch.unique(torch.cat([target, torch.randperm(classes, generator=g)[: classes // 2]]))
+    x, w, target, kept, _ = _margin_inputs(rows, classes, 32, 9, sampled)
     on = [x.to(device), w.to(device), target.to(device), None if kept is None else kept.to(device)]
     (loss, gx, gw), gemms = _gemm_operand_dtypes(lambda: _run_margin_head(*on, dtype, True))
     if sampled:
@@ -193,3 +200,109 @@ def test_linear_cross_entropy_gemms_run_in_bfloat16_under_autocast(world_of_one,
 @pytest.mark.parametrize("shape", SHAPES)
 def test_margin_loss_gemms_run_in_bfloat16_under_autocast(world_of_one, shape, sampled):
     check_margin_loss_under_autocast("cpu", torch.bfloat16, shape, sampled)
+
+
+# Every reduction under autocast. 'mean' and 'sum' compute the gradients in forward; 'none' (one
+# loss per row) leaves them to the separate backward, which recomputes the logits: it must run its
+# GEMMs in the forward's dtype too, since the saved statistics came from the reduced-precision
+# logits (float32 logits against them make softmax rows that no longer sum to one). Logits of
+# standard deviation 23 (64 rows x 3,000 classes x 256 features) make a mismatch show: every
+# reduction is held to the bound the mean path meets (8u, above), and every GEMM of forward and
+# backward must run in the autocast dtype. For 'none' the upstream gradient differs per row.
+REDUCTIONS = ("mean", "sum", "none")
+
+
+def _backward(loss, upstream):
+    if upstream is None:
+        loss.backward()
+    else:
+        loss.backward(upstream.to(loss.dtype).to(loss.device))
+
+
+def _check_every_reduction(device, dtype, step, reference):
+    """``step()`` -> (loss, gradients) under autocast, ``reference(upstream)`` -> (loss, gradients)
+    in float64; the same bounds for every reduction."""
+    u = UNIT_ROUNDOFF[dtype]
+    (loss, grads), gemms = _gemm_operand_dtypes(step)
+    ref_loss, ref_grads = reference()
+    assert loss.dtype == torch.float32 and loss.shape == ref_loss.shape
+    for got, want in zip(grads, ref_grads):
+        assert got.dtype == torch.float32
+        assert _relative(got, want) <= 8 * u, (_relative(got, want), 8 * u)
+    # The forward's and the backward's GEMMs (on the CPU at least three; float32 ones may run
+    # through oneDNN, not aten::mm, so the count is what catches them there).
+    if device == "cpu":
+        assert len(gemms) >= 3, gemms
+    assert set(gemms) <= {(DTYPE_NAMES[dtype],) * 2}, gemms
+    return loss, ref_loss
+
+
+def check_linear_cross_entropy_every_reduction(device, dtype, reduction):
+    from tests.reference import cross_entropy_reference
+    g = torch.Generator().manual_seed(11)
+    rows, classes, features = 64, 3000, 256
+    x = torch.randn(rows, features, generator=g)
+    w = torch.randn(classes, features, generator=g) * (23 / features ** 0.5)
+    b = torch.randn(classes, generator=g)
+    target = torch.randint(0, classes, (rows,), generator=g)
+    upstream = torch.rand(rows, generator=g, dtype=torch.float64) + 0.5 if reduction == "none" else None
+    args = [t.to(device, copy=True).requires_grad_() for t in (x, w, b)]
+
+    def step():
+        with torch.autocast(device, dtype=dtype):
+            loss = ts.nn.functional.parallel_linear_cross_entropy(*args, target.to(device),
+                                                                  reduction=reduction)
+        _backward(loss, upstream)
+        return loss.detach(), [a.grad for a in args]
+
+    def reference():
+        x64, w64, b64 = (t.double().requires_grad_() for t in (x, w, b))
+        ref = cross_entropy_reference(F.linear(x64, w64, b64), target, None, -100, reduction)
+        _backward(ref, upstream)
+        return ref.detach(), [x64.grad, w64.grad, b64.grad]
+
+    loss, ref = _check_every_reduction(device, dtype, step, reference)
+    # A row's loss is off by at most its largest logit's error (3u sum_i |x_i w_i|), and by one
+    # rounding of the bias added in float32.
+    row_bound = 3 * UNIT_ROUNDOFF[dtype] * (x.abs() @ w.abs().t()).max().item() + 1e-6
+    bound = {"mean": row_bound, "sum": rows * row_bound, "none": row_bound}[reduction]
+    assert (loss.cpu().double() - ref).abs().max().item() <= bound
+
+
+def check_margin_loss_every_reduction(device, dtype, reduction, sampled):
+    from tests.reference import margin_cross_entropy_reference
+    rows, classes, features, scale = 64, 3000, 256, 64.0
+    x, w, target, kept, g = _margin_inputs(rows, classes, features, 12, sampled)
+    upstream = torch.rand(rows, generator=g, dtype=torch.float64) + 0.5 if reduction == "none" else None
+    xs, ws = (t.to(device, copy=True).requires_grad_() for t in (x, w))
+
+    def step():
+        with torch.autocast(device, dtype=dtype):
+            loss = ts.nn.functional.parallel_margin_cross_entropy(
+                xs, ws, target.to(device), scale, ARCFACE_MARGINS, reduction=reduction,
+                sampled_classes=None if kept is None else kept.to(device))
+        _backward(loss, upstream)
+        return loss.detach(), [xs.grad, ws.grad]
+
+    def reference():
+        x64, w64 = x.double().requires_grad_(), w.double().requires_grad_()
+        ref = margin_cross_entropy_reference(x64, w64, target, scale, ARCFACE_MARGINS, reduction=reduction,
+                                             kept_classes=kept)
+        _backward(ref, upstream)
+        return ref.detach(), [x64.grad, w64.grad]
+
+    loss, ref = _check_every_reduction(device, dtype, step, reference)
+    row_bound = 2 * 3 * UNIT_ROUNDOFF[dtype] * scale
+    bound = {"mean": row_bound, "sum": rows * row_bound, "none": row_bound}[reduction]
+    assert (loss.cpu().double() - ref).abs().max().item() <= bound
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_linear_cross_entropy_every_reduction_in_the_autocast_dtype(world_of_one, reduction):
+    check_linear_cross_entropy_every_reduction("cpu", torch.bfloat16, reduction)
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_margin_loss_every_reduction_in_the_autocast_dtype(world_of_one, reduction, sampled):
+    check_margin_loss_every_reduction("cpu", torch.bfloat16, reduction, sampled)

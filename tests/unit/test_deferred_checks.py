@@ -31,9 +31,9 @@ def test_launches_within_the_lag_never_wait_for_a_pending_check():
     checks.add([0.0, 0.0], ready=False)   # the GPU has not copied them yet
     for _ in range(LAG - 1):
         checks.before_launch()            # would block on the copy if it were read here
-    assert checks.counts == {"launches": LAG, "pending": 1, "settled": 0, "waits": 0}
+    assert checks.counts == {"launches": LAG, "pending": 1, "settled": 0, "waits": 0, "dropped": 0}
     checks.before_launch()                # launch 1 + LAG: due; still not ready, so it waits
-    assert checks.counts == {"launches": LAG + 1, "pending": 0, "settled": 1, "waits": 1}
+    assert checks.counts == {"launches": LAG + 1, "pending": 0, "settled": 1, "waits": 1, "dropped": 0}
 
 
 def test_a_check_is_waited_for_only_if_its_copy_is_not_ready_when_due():
@@ -142,25 +142,40 @@ def test_the_nccl_communicator_defers_its_checks_by_this_rule():
     assert "DeferredChecks deferred_checks_;" in source
 
 
-def test_a_rank_that_raises_alone_leaves_and_its_peers_abort_at_the_verdict():
-    # A check only one rank could make (its shard or class weight size, known on its host) makes
-    # it raise right after the gather; its peers learn it at their LAG-th collective after, having
-    # launched collectives it will never join. The rule, read from the sources (it runs on a GPU):
-    # the failing rank marks its communicator left before raising, and a verdict naming such a
-    # rank aborts the peers' communicator (the stuck collectives return) before raising.
-    ops = (ROOT / "csrc" / "ops" / "cross_entropy_statistics.cpp").read_text()
-    combine = ops[ops.index("at::Tensor combine_over_group("):]
-    assert combine.index("communicator.raised_alone(setup.check.message);") < combine.index(
-        "TORCH_CHECK(false, setup.check.message);") < combine.index("communicator.raise_if(")
-    assert "a_peer_raised_alone(values, own_rank)" in combine
-    nccl = (ROOT / "csrc" / "comm" / "nccl_communicator.cpp").read_text()
-    raise_failed = nccl[nccl.index("void raise_failed_check("):]
-    raise_failed = raise_failed[:raise_failed.index("\n  }\n")]
-    assert raise_failed.index("failed.a_rank_left") < raise_failed.index("abort();") < raise_failed.index(
-        "TORCH_CHECK(false")
-    enqueue = nccl[nccl.index("std::shared_ptr<CommHandle> enqueue("):]
-    assert "raise_failed_check(deferred_checks_.before_launch());" in enqueue
-    assert enqueue.index("left_error_.empty()") < enqueue.index("deferred_checks_.before_launch()")
+def test_after_a_verdict_that_a_rank_left_the_host_aborts_first_and_waits_for_no_copy():
+    # A rank raised alone at the collective of check 0 (every rank joined that one, so its copy
+    # arrives); the collectives launched after it wait for that rank forever, and so would the
+    # copies behind them. check_deferred (settle_all) must abort first and read none of them.
+    checks = _C._FakeDeferredChecks()
+    checks.before_launch()
+    checks.add([1.0], a_rank_left=True)          # not on the host yet, but it will arrive
+    for _ in range(3):
+        checks.before_launch()
+        checks.add([0.0], arrives=False)         # behind a collective the rank that left never joins
+    with pytest.raises(RuntimeError, match=r"^fake check 0 failed \(a rank left\)"):
+        checks.settle_all()
+    assert checks.events == ["wait 0", "abort"]
+    assert checks.counts["pending"] == 0 and checks.counts["dropped"] == 3, checks.counts
+    checks.settle_all()                           # nothing left to give
+
+
+def test_a_rank_left_verdict_at_a_launch_drops_the_copies_queued_behind_it():
+    # The same verdict given at its LAG-th launch: the checks made since are never waited for,
+    # neither then nor at the launches after it.
+    checks = _C._FakeDeferredChecks()
+    checks.before_launch()
+    checks.add([2.0], a_rank_left=True, ready=True)
+    for _ in range(LAG - 1):
+        checks.before_launch()
+        checks.add([0.0], arrives=False)
+    with pytest.raises(RuntimeError, match=r"^fake check 0 failed \(a rank left\)"):
+        checks.before_launch()
+    assert checks.events == ["abort"] and checks.counts["dropped"] == LAG - 1, checks.counts
+    checks.add([0.0], arrives=False)             # after the abort: dropped at once
+    for _ in range(LAG + 1):
+        checks.before_launch()
+    checks.settle_all()
+    assert checks.events == ["abort"] and checks.counts["dropped"] == LAG, checks.counts
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@
 #include <shardtorch/ops/parallel_linear_margin_cross_entropy.h>
 
 #include "ops/autocast/float32_casts.h"
-#include "ops/gemm_precision.h"
+#include "ops/cross_entropy/gemm_precision.h"
 
 namespace shardtorch {
 namespace ops {

@@ -1,16 +1,22 @@
 // The cross-entropy kernels on CPU, for parallel_cross_entropy,
 // parallel_linear_cross_entropy and parallel_linear_margin_cross_entropy: the row passes as ATen
-// operations over blocks of rows (accumulated in float32, float64 for float64 logits), Gloo for the
-// collectives, ATen's matrix products for the fused classifier.
+// operations over blocks of rows (accumulated in float32, float64 for float64 logits), the fused
+// heads' GEMMs through cpu/cpu_gemm.h (oneDNN where MKL's sgemm runs narrower than the CPU), the
+// margin head's one-pass loops over weight rows (cpu/margin_rows_cpu.h).
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <torch/library.h>
 
 #include <algorithm>
 
-#include "ops/cross_entropy_kernel_adapter.h"
-#include "ops/cross_entropy_kernels.h"
-#include "ops/margin_cross_entropy_kernel_adapter.h"
+#include "ops/cpu/cpu_gemm.h"
+#include "ops/cpu/margin_rows_cpu.h"
+#include "ops/cross_entropy/cross_entropy_kernel_adapter.h"
+#include "ops/cross_entropy/cross_entropy_kernels.h"
+#include "ops/cross_entropy/margin_cross_entropy_kernel_adapter.h"
+#include "ops/cross_entropy/row_blocks.h"
+#include "ops/recycled_buffers.h"
+#include "ops/scratch_buffer.h"
 
 namespace shardtorch {
 namespace ops {
@@ -24,10 +30,6 @@ namespace {
 // still large enough for the per-operation overhead not to show (measured:
 // 2^20 took 3 MiB more and was no faster at 100k classes).
 constexpr int64_t kBlockElements = int64_t(1) << 18;
-
-int64_t rows_per_block(int64_t cols) {
-  return std::max<int64_t>(1, kBlockElements / std::max<int64_t>(cols, 1));
-}
 
 // `block` in the stats dtype: itself when it already is, else a converted copy.
 at::Tensor in_stats_dtype(const at::Tensor& block, at::ScalarType acc) {
@@ -66,7 +68,7 @@ void accumulate_rows(const at::Tensor& logits, int64_t col_begin, const at::Tens
   const at::ScalarType acc = stats.scalar_type();
   const at::Tensor w_cols =
       weight_local.defined() ? weight_local.narrow(0, col_begin, cols) : at::Tensor();
-  const int64_t step = rows_per_block(cols);
+  const int64_t step = rows_per_block(cols, kBlockElements);
   // exp(x - max) of a block, one buffer for all blocks: a fresh one per block
   // (2 MiB at 500k columns) cost more than the exp itself.
   at::Tensor shifted_storage;
@@ -112,7 +114,7 @@ void softmax_grad_rows(const at::Tensor& values, int64_t col_begin, const at::Te
       weight_local.defined() ? weight_local.narrow(0, col_begin, cols) : at::Tensor();
   const int64_t* target_data = target_local.const_data_ptr<int64_t>();
   const acc_t* c_data = coefs.const_data_ptr<acc_t>();
-  const int64_t step = rows_per_block(cols);
+  const int64_t step = rows_per_block(cols, kBlockElements);
   for (int64_t row0 = 0; row0 < rows; row0 += step) {
     const int64_t n = std::min(step, rows - row0);
     at::Tensor v = values.narrow(0, row0, n);
@@ -206,6 +208,72 @@ class CpuCrossEntropyKernels final : public CrossEntropyKernels {
       softmax_grad_rows<scalar_t, scalar_t>(values, 0, target_local, weight_local, coefs, stats);
     });
   }
+
+  at::Tensor chunk_logits(const at::Tensor& x, const at::Tensor& w_chunk,
+                          const at::Tensor& bias_chunk, at::ScalarType out) const override {
+    if (x.scalar_type() == out && w_chunk.scalar_type() == out &&
+        (!bias_chunk.defined() || bias_chunk.scalar_type() == out)) {
+      // Written straight into a scratch buffer advised for huge pages
+      // (scratch_buffer.h), the last calls' when free (recycled_buffers.h).
+      static BufferSlot* const slot = new BufferSlot();
+      at::Tensor logits =
+          slot->take({x.size(0), w_chunk.size(0)}, x.options(), empty_scratch_buffer);
+      if (bias_chunk.defined()) {
+        cpu_addmm_out(logits, bias_chunk, x, w_chunk.t());
+      } else {
+        cpu_mm_out(logits, x, w_chunk.t());
+      }
+      return logits;
+    }
+    // No CPU GEMM returns float32 from float16/bfloat16 operands (it
+    // accumulates in float32 inside and rounds its output): one rounding.
+    at::Tensor logits =
+        bias_chunk.defined() ? at::addmm(bias_chunk, x, w_chunk.t()) : at::mm(x, w_chunk.t());
+    return logits.scalar_type() == out ? logits : logits.to(out);
+  }
+
+  // The GEMM writes into the block's columns where the dtypes allow; a
+  // reduced-precision product is cast by the one copy into them.
+  void chunk_logits_into(at::Tensor& out, const at::Tensor& x,
+                         const at::Tensor& w_chunk) const override {
+    if (w_chunk.scalar_type() == out.scalar_type()) {
+      cpu_mm_out(out, x, w_chunk.t());
+    } else {
+      out.copy_(at::mm(x, w_chunk.t()));
+    }
+  }
+
+  void add_product(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b) const override {
+    if (acc.scalar_type() == a.scalar_type()) {
+      cpu_addmm_(acc, a, b);
+    } else {
+      acc.add_(at::mm(a, b));
+    }
+  }
+
+  void write_product(at::Tensor& out, const at::Tensor& a, const at::Tensor& b) const override {
+    if (out.scalar_type() == a.scalar_type()) {
+      cpu_mm_out(out, a, b);
+    } else {
+      out.copy_(at::mm(a, b));  // one rounding, as chunk_logits
+    }
+  }
+
+  void gather_scaled_unit_rows(at::Tensor& out, at::Tensor& norms, const at::Tensor& weight,
+                               const at::Tensor& kept, double scale, double eps) const override {
+    if (gather_scaled_unit_rows_cpu(out, norms, weight, kept, scale, eps)) return;
+    CrossEntropyKernels::gather_scaled_unit_rows(out, norms, weight, kept, scale, eps);
+  }
+
+  void project_out_rows(at::Tensor& grad_rows, const at::Tensor& rows, const at::Tensor& a,
+                        const at::Tensor& b, at::ScalarType acc) const override {
+    if (margin_project_rows_cpu(grad_rows, rows, a, b)) return;
+    CrossEntropyKernels::project_out_rows(grad_rows, rows, a, b, acc);
+  }
+
+  // A few MiB of temporaries, enough rows for the per-operation overhead not
+  // to show.
+  int64_t probability_block_elements() const override { return int64_t(1) << 20; }
 };
 
 }  // namespace

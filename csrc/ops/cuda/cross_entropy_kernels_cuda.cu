@@ -20,9 +20,9 @@
 #include <limits>
 #include <type_traits>
 
-#include "ops/cross_entropy_kernel_adapter.h"
-#include "ops/cross_entropy_kernels.h"
-#include "ops/margin_cross_entropy_kernel_adapter.h"
+#include "ops/cross_entropy/cross_entropy_kernel_adapter.h"
+#include "ops/cross_entropy/cross_entropy_kernels.h"
+#include "ops/cross_entropy/margin_cross_entropy_kernel_adapter.h"
 #include "ops/cuda/cublaslt_gemm.h"
 
 namespace shardtorch {
@@ -233,6 +233,51 @@ void with_vector_width(const RowSplit& split, const Launch& launch) {
   }
 }
 
+// The margin head's projection of its weight gradient's rows (see
+// CrossEntropyKernels::project_out_rows): one warp per row takes the row's dot
+// and updates it, both reads of the row in the warp's registers and L1, no
+// temporary of the rows' size and one launch for any number of rows.
+template <typename scalar_t, typename acc_t>
+__global__ void project_out_rows_kernel(scalar_t* __restrict__ grad,
+                                        const scalar_t* __restrict__ rows, int64_t n,
+                                        int64_t features, const acc_t* __restrict__ a,
+                                        const acc_t* __restrict__ b) {
+  const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= n) return;
+  scalar_t* g = grad + row * features;
+  const scalar_t* w = rows + row * features;
+  acc_t dot = 0;
+  for (int64_t c = lane; c < features; c += 32) {
+    dot += static_cast<acc_t>(g[c]) * static_cast<acc_t>(w[c]);
+  }
+  for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_down_sync(0xffffffffu, dot, offset);
+  dot = __shfl_sync(0xffffffffu, dot, 0);
+  const acc_t scale = a ? a[row] : acc_t(1);
+  const acc_t along = dot * b[row];
+  for (int64_t c = lane; c < features; c += 32) {
+    g[c] =
+        static_cast<scalar_t>(scale * static_cast<acc_t>(g[c]) - along * static_cast<acc_t>(w[c]));
+  }
+}
+
+// A row-major operand as cuBLASLt takes it (column-major): the tensor itself
+// when it is contiguous, the contiguous tensor it is a transposed view of
+// (the weight gradient's grad^T) marked transposed, else a contiguous copy.
+struct GemmOperand {
+  at::Tensor data;
+  bool transposed;
+  int64_t ld;
+};
+
+GemmOperand gemm_operand(const at::Tensor& t) {
+  if (t.is_contiguous()) return {t, false, t.size(1)};
+  const at::Tensor back = t.t();
+  if (back.is_contiguous()) return {back, true, back.size(1)};
+  const at::Tensor copy = t.contiguous();
+  return {copy, false, copy.size(1)};
+}
+
 class CudaCrossEntropyKernels final : public CrossEntropyKernels {
  public:
   void accumulate_row_stats(const at::Tensor& logits, int64_t col_begin,
@@ -311,6 +356,11 @@ class CudaCrossEntropyKernels final : public CrossEntropyKernels {
     return logits;
   }
 
+  void chunk_logits_into(at::Tensor& out, const at::Tensor& x,
+                         const at::Tensor& w_chunk) const override {
+    out.copy_(chunk_logits(x, w_chunk, at::Tensor(), out.scalar_type()));
+  }
+
   void add_product(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b) const override {
     product(acc, a, b, /*accumulate=*/true);
   }
@@ -318,6 +368,37 @@ class CudaCrossEntropyKernels final : public CrossEntropyKernels {
   void write_product(at::Tensor& out, const at::Tensor& a, const at::Tensor& b) const override {
     product(out, a, b, /*accumulate=*/false);
   }
+
+  void project_out_rows(at::Tensor& grad_rows, const at::Tensor& rows, const at::Tensor& a,
+                        const at::Tensor& b, at::ScalarType acc) const override {
+    const int64_t n = rows.size(0), features = rows.size(1);
+    const bool row_major = grad_rows.is_contiguous() && rows.is_contiguous() &&
+                           grad_rows.scalar_type() == rows.scalar_type();
+    if (!row_major) return CrossEntropyKernels::project_out_rows(grad_rows, rows, a, b, acc);
+    if (n == 0 || features == 0) return;
+    const at::Tensor b_acc = b.to(acc).contiguous();
+    const at::Tensor a_acc = a.defined() ? a.to(acc).contiguous() : at::Tensor();
+    constexpr int kRowsPerBlock = kThreads / 32;
+    const auto blocks = static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock);
+    auto stream = at::cuda::getCurrentCUDAStream();
+    AT_DISPATCH_FLOATING_TYPES_AND2(
+        at::kHalf, at::kBFloat16, rows.scalar_type(), "margin_project_out_rows_cuda", [&] {
+          using acc_t = acc_type_of<scalar_t>;
+          TORCH_CHECK(b_acc.scalar_type() == c10::CppTypeToScalarType<acc_t>::value,
+                      "project_out_rows: the coefficients must be in the rows' accumulate dtype, "
+                      "got ",
+                      b_acc.scalar_type());
+          project_out_rows_kernel<scalar_t, acc_t><<<blocks, kThreads, 0, stream>>>(
+              grad_rows.data_ptr<scalar_t>(), rows.const_data_ptr<scalar_t>(), n, features,
+              a_acc.defined() ? a_acc.const_data_ptr<acc_t>() : nullptr,
+              b_acc.const_data_ptr<acc_t>());
+          C10_CUDA_KERNEL_LAUNCH_CHECK();
+        });
+  }
+
+  // Many rows of a million classes a block (64 at 2^26): a few launches per
+  // block of rows instead of one per row; temporaries of 256 MiB in float32.
+  int64_t probability_block_elements() const override { return int64_t(1) << 26; }
 
  private:
   static void product(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b, bool accumulate) {
@@ -327,11 +408,11 @@ class CudaCrossEntropyKernels final : public CrossEntropyKernels {
       if (!accumulate) acc.zero_();
       return;
     }
-    // Row-major operands (the weight gradient's a is a transposed view).
-    const at::Tensor a_rows = a.contiguous(), b_rows = b.contiguous();
-    // acc^T [n, m] (+)= b^T [n, k] a^T [k, m], column-major.
-    cuda::cublaslt_gemm(false, false, n, m, k, b_rows, n, a_rows, k, acc, n, at::Tensor(),
-                        accumulate);
+    // acc^T [n, m] (+)= b^T [n, k] a^T [k, m], column-major; a transposed
+    // view (the weight gradient's grad^T) goes to cuBLASLt as such, no copy.
+    const GemmOperand A = gemm_operand(a), B = gemm_operand(b);
+    cuda::cublaslt_gemm(B.transposed, A.transposed, n, m, k, B.data, B.ld, A.data, A.ld, acc, n,
+                        at::Tensor(), accumulate);
   }
 };
 

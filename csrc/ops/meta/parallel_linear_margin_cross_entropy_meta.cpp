@@ -5,7 +5,7 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
-#include "ops/margin_cross_entropy_checks.h"
+#include "ops/cross_entropy/margin_cross_entropy_checks.h"
 
 namespace shardtorch {
 namespace ops {

@@ -8,7 +8,7 @@
 
 #include <optional>
 
-#include "ops/cross_entropy_checks.h"
+#include "ops/cross_entropy/cross_entropy_checks.h"
 
 namespace shardtorch {
 namespace ops {

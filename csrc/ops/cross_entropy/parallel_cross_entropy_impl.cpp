@@ -1,9 +1,9 @@
-#include "ops/parallel_cross_entropy_impl.h"
+#include "ops/cross_entropy/parallel_cross_entropy_impl.h"
 
 #include <ATen/ATen.h>
 
-#include "ops/cross_entropy_statistics.h"
-#include "ops/probability_target.h"
+#include "ops/cross_entropy/cross_entropy_statistics.h"
+#include "ops/cross_entropy/probability_target.h"
 
 namespace shardtorch {
 namespace ops {
@@ -31,7 +31,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> parallel_cross_entropy_forward_im
   if (setup.check.code == LocalCheck::kOk) {
     kernels.accumulate_row_stats(x, 0, setup.target_local, setup.weight_local, stats, buffer);
     if (setup.probability_target) {
-      accumulate_probability_stats(x, 0, setup.target_probs, setup.weight_local, stats);
+      accumulate_probability_stats(x, 0, setup.target_probs, setup.weight_local, stats,
+                                   kernels.probability_block_elements());
     }
   }
   at::Tensor saved = combine_over_group(setup, stats, options, kCrossEntropyForward);
@@ -58,7 +59,8 @@ void parallel_cross_entropy_backward_impl(const at::Tensor& grad_loss,
                                setup.coefs);
   if (setup.target_probs.defined()) {
     subtract_probability_gradient(logits_buffer, 0, setup.target_probs, setup.weight_local,
-                                  setup.coefs.select(1, kCoefTargetScale));
+                                  setup.coefs.select(1, kCoefTargetScale),
+                                  kernels.probability_block_elements());
   }
 }
 

@@ -43,9 +43,10 @@ int64_t probability_target_rows(const at::Tensor& target);
 // Adds the chunk's parts of A_i and B_i (above) to stats [rows,
 // kNumRowStats] (the stats dtype): A_i to kRowTargetWeight, B_i to
 // kRowTargetLogit. combine_over_group then sums them over the ranks.
+// `block_elements`: the kernels' probability_block_elements().
 void accumulate_probability_stats(const at::Tensor& logits, int64_t col_begin,
                                   const at::Tensor& probs, const at::Tensor& weight_local,
-                                  const at::Tensor& stats);
+                                  const at::Tensor& stats, int64_t block_elements);
 
 // values [rows, c] -= scale_i w_j p_ij in place: the probability term of the
 // logit gradient, after CrossEntropyKernels::softmax_grad_inplace has written
@@ -55,7 +56,7 @@ void accumulate_probability_stats(const at::Tensor& logits, int64_t col_begin,
 // a probability target's coefficients.
 void subtract_probability_gradient(const at::Tensor& values, int64_t col_begin,
                                    const at::Tensor& probs, const at::Tensor& weight_local,
-                                   const at::Tensor& scale);
+                                   const at::Tensor& scale, int64_t block_elements);
 
 // This rank's columns [rows, local] of a probability target [rows, T] in
 // backward, where the class offset is a 0-d int64 tensor on the device (read

@@ -12,8 +12,8 @@
 #include <string>
 #include <tuple>
 
-#include "ops/cross_entropy_kernels.h"
-#include "ops/margin_cross_entropy_checks.h"
+#include "ops/cross_entropy/cross_entropy_kernels.h"
+#include "ops/cross_entropy/margin_cross_entropy_checks.h"
 
 namespace shardtorch {
 namespace ops {

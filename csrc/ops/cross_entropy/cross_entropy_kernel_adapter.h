@@ -11,8 +11,8 @@
 #include <ATen/DeviceGuard.h>
 #include <torch/library.h>
 
-#include "ops/parallel_cross_entropy_impl.h"
-#include "ops/parallel_linear_cross_entropy_impl.h"
+#include "ops/cross_entropy/parallel_cross_entropy_impl.h"
+#include "ops/cross_entropy/parallel_linear_cross_entropy_impl.h"
 
 namespace shardtorch {
 namespace ops {

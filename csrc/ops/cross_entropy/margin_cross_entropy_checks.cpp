@@ -1,4 +1,4 @@
-#include "ops/margin_cross_entropy_checks.h"
+#include "ops/cross_entropy/margin_cross_entropy_checks.h"
 
 #include <c10/util/Exception.h>
 

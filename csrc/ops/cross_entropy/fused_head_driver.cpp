@@ -1,4 +1,4 @@
-#include "ops/fused_head_driver.h"
+#include "ops/cross_entropy/fused_head_driver.h"
 
 #include <ATen/ATen.h>
 
@@ -7,8 +7,7 @@
 #include <vector>
 
 #include "comm/registry.h"
-#include "ops/cpu/cpu_gemm.h"
-#include "ops/probability_target.h"
+#include "ops/cross_entropy/probability_target.h"
 #include "ops/recycled_buffers.h"
 #include "ops/scratch_buffer.h"
 
@@ -26,7 +25,8 @@ void add_row_statistics(const CrossEntropyKernels& kernels, const at::Tensor& lo
   kernels.accumulate_row_stats(logits, begin, setup.target_local, setup.weight_local, stats,
                                at::Tensor());
   if (setup.probability_target) {
-    accumulate_probability_stats(logits, begin, setup.target_probs, setup.weight_local, stats);
+    accumulate_probability_stats(logits, begin, setup.target_probs, setup.weight_local, stats,
+                                 kernels.probability_block_elements());
   }
 }
 
@@ -37,7 +37,8 @@ bool add_block_statistics(const CrossEntropyKernels& kernels, const at::Tensor& 
                           const CrossEntropyForwardSetup& setup, const at::Tensor& stats) {
   // The probability target's sums read the logits: before they are replaced.
   if (setup.probability_target) {
-    accumulate_probability_stats(logits, 0, setup.target_probs, setup.weight_local, stats);
+    accumulate_probability_stats(logits, 0, setup.target_probs, setup.weight_local, stats,
+                                 kernels.probability_block_elements());
   }
   if (kernels.accumulate_row_stats_leaving_exp(logits, setup.target_local, setup.weight_local,
                                                stats)) {
@@ -61,7 +62,8 @@ void softmax_gradient(const CrossEntropyKernels& kernels, const at::Tensor& valu
   }
   if (probs.defined()) {
     subtract_probability_gradient(values, begin, probs, weight_local,
-                                  coefs.select(1, kCoefTargetScale));
+                                  coefs.select(1, kCoefTargetScale),
+                                  kernels.probability_block_elements());
   }
 }
 
@@ -178,20 +180,14 @@ class TileGradients {
     if (last_rows) head_.finish_weight_rows(rows_of_grad, begin, width, whole);
   }
 
+  // Reduced-precision GEMM operands (autocast) go into the float32 master
+  // weight's gradient too: the kernels' products accumulate in float32.
   void write_weight_product(at::Tensor& rows_of_grad, const at::Tensor& grad, const at::Tensor& x,
                             bool first_rows) {
-    if (grad.scalar_type() != rows_of_grad.scalar_type()) {
-      // Reduced-precision GEMM operands (autocast) into the float32 master
-      // weight's gradient: the kernels' products accumulate in float32.
-      if (first_rows) {
-        kernels_.write_product(rows_of_grad, grad.t(), x);
-      } else {
-        kernels_.add_product(rows_of_grad, grad.t(), x);
-      }
-    } else if (first_rows) {
-      cpu_mm_out(rows_of_grad, grad.t(), x);
+    if (first_rows) {
+      kernels_.write_product(rows_of_grad, grad.t(), x);
     } else {
-      cpu_addmm_(rows_of_grad, grad.t(), x);
+      kernels_.add_product(rows_of_grad, grad.t(), x);
     }
   }
 
@@ -239,7 +235,9 @@ FusedHeadResult by_row_blocks(const FusedHead& head, const at::Tensor& input,
       chunk = head.logits(xb, 0, columns, block.target_local);
       exp_left = add_block_statistics(kernels, chunk.values, block, stats);
     }
-    saved_blocks.push_back(combine_over_group(block, stats, options, op));
+    // Every block carries the whole batch's checks: the first's verdict raises them.
+    saved_blocks.push_back(
+        combine_over_group(block, stats, options, op, /*give_verdict=*/begin == 0));
     if (compute) {
       // A probability target's block is already this rank's columns (no copy).
       const at::Tensor block_target =
@@ -330,19 +328,29 @@ FusedHeadResult fused_head_forward_with_gradients(
   const int64_t rows = setup.target_local.size(0);
   const int64_t block_rows =
       fused_head_gradient_block_rows(rows, max_columns, head.x_rows().size(1), chunk_size);
+  FusedHeadResult out;
   if (block_rows > 0) {
-    return by_row_blocks(head, input, target, options, setup, block_rows, chunk_size, group,
-                         output_mask, kernels, op);
+    out = by_row_blocks(head, input, target, options, setup, block_rows, chunk_size, group,
+                        output_mask, kernels, op);
+  } else {
+    // Too many columns for a block of rows within the memory bound: the
+    // logits are computed twice, chunk by chunk, as the separate backward would.
+    auto [loss, saved] =
+        fused_head_forward_by_chunks(head, input, target, options, setup, chunk_size, kernels, op);
+    out = fused_head_backward_by_chunks(
+        head, input, backward_setup(at::ones({}, input.options().dtype(at::kDouble)), saved),
+        chunk_size, group, output_mask, kernels, op);
+    out.loss = loss;
+    out.row_stats = saved;
   }
-  // Too many columns for a block of rows within the memory bound: the logits
-  // are computed twice, chunk by chunk, as the separate backward would.
-  auto [loss, saved] =
-      fused_head_forward_by_chunks(head, input, target, options, setup, chunk_size, kernels, op);
-  FusedHeadResult out = fused_head_backward_by_chunks(
-      head, input, backward_setup(at::ones({}, input.options().dtype(at::kDouble)), saved),
-      chunk_size, group, output_mask, kernels, op);
-  out.loss = loss;
-  out.row_stats = saved;
+  // This op made collectives after the one that carried its checks (blocks,
+  // the input gradient's sum). Where a rank raised a check alone there, they
+  // wait for it in vain, and so would a host sync on this op's results
+  // (loss.item()) before the group's verdict: the checks are settled before
+  // the op returns (every rank at the same point; a wait only where the
+  // device has not reached the first block's statistics yet). One rank has
+  // no peer to leave it waiting.
+  if (setup.communicator->size() > 1) setup.communicator->check_deferred();
   return out;
 }
 

@@ -16,8 +16,8 @@
 #include <string>
 #include <tuple>
 
-#include "ops/cross_entropy_kernels.h"
-#include "ops/cross_entropy_statistics.h"
+#include "ops/cross_entropy/cross_entropy_kernels.h"
+#include "ops/cross_entropy/cross_entropy_statistics.h"
 
 namespace shardtorch {
 namespace ops {

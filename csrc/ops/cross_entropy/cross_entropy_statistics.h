@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "ops/cross_entropy_checks.h"
-#include "ops/cross_entropy_kernels.h"
-#include "ops/cross_entropy_saved_stats.h"
+#include "ops/cross_entropy/cross_entropy_checks.h"
+#include "ops/cross_entropy/cross_entropy_kernels.h"
+#include "ops/cross_entropy/cross_entropy_saved_stats.h"
 
 namespace shardtorch {
 namespace ops {
@@ -90,8 +90,12 @@ at::Tensor fresh_row_stats(int64_t rows, const CrossEntropyForwardSetup& setup,
 // failed (Communicator::raise_if: at once on CPU; on CUDA, without a host
 // wait, from the group's 8th collective after this one or check_deferred,
 // while this forward's loss and gradients are NaN). Returns the saved row_stats.
+// give_verdict=false: the checks only make this call's results NaN, and raise
+// nowhere (a later block of rows of one op carries the checks of its first,
+// whose verdict raises them).
 at::Tensor combine_over_group(const CrossEntropyForwardSetup& setup, const at::Tensor& stats,
-                              const CrossEntropyOptions& options, const char* op);
+                              const CrossEntropyOptions& options, const char* op,
+                              bool give_verdict = true);
 
 // For the fused losses that go over the batch in blocks of rows (their
 // gradients in forward): the setup restricted to rows [begin, begin + count)

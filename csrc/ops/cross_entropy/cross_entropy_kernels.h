@@ -1,9 +1,12 @@
 #pragma once
-// The passes over [rows, classes] data that the parallel cross-entropy ops
-// (plain and fused with the classifier) need from a device: ATen operations
-// over row blocks on CPU (cpu/cross_entropy_kernels_cpu.cpp), custom kernels
-// on CUDA (cuda/cross_entropy_kernels_cuda.cu). Everything else is shared
-// (cross_entropy_statistics.h).
+// Everything the parallel cross-entropy ops (plain, fused with the
+// classifier, margin) need from a device, and the one place device code is
+// chosen for them: the passes over [rows, classes] data, the fused heads'
+// GEMMs and the margin head's passes over weight rows. ATen operations over
+// row blocks and oneDNN/MKL GEMMs on CPU (cpu/cross_entropy_kernels_cpu.cpp),
+// custom kernels and cuBLASLt on CUDA (cuda/cross_entropy_kernels_cuda.cu).
+// Everything else is shared and device-free (cross_entropy_statistics.h, the
+// driver, the _impl files).
 
 #include <ATen/core/Tensor.h>
 
@@ -88,13 +91,36 @@ class CrossEntropyKernels {
   // The fused classifier's GEMMs. x and w share a dtype (the GEMM dtype).
   // Logits [rows, width] in `out` (the stats dtype) of x [rows, f] times the
   // rows of w_chunk [width, f], plus bias_chunk [width] (or undefined): a
-  // float16/bfloat16 GEMM accumulates and returns float32. Default: ATen.
+  // float16/bfloat16 GEMM accumulates and returns float32.
   virtual at::Tensor chunk_logits(const at::Tensor& x, const at::Tensor& w_chunk,
-                                  const at::Tensor& bias_chunk, at::ScalarType out) const;
-  // acc [m, n] += a [m, k] b [k, n]; acc in a's dtype or float32. Default: ATen.
-  virtual void add_product(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b) const;
+                                  const at::Tensor& bias_chunk, at::ScalarType out) const = 0;
+  // The same product without bias into `out` [rows, width], columns of a
+  // wider block (a strided view), in out's dtype.
+  virtual void chunk_logits_into(at::Tensor& out, const at::Tensor& x,
+                                 const at::Tensor& w_chunk) const = 0;
+  // acc [m, n] += a [m, k] b [k, n]; acc in a's dtype or float32 (a
+  // float16/bfloat16 product accumulated in float32). a or b may be the
+  // transposed view of a contiguous tensor (the weight gradient's grad^T).
+  virtual void add_product(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b) const = 0;
   // out [m, n] = a [m, k] b [k, n], as add_product (no pass to zero `out`).
-  virtual void write_product(at::Tensor& out, const at::Tensor& a, const at::Tensor& b) const;
+  virtual void write_product(at::Tensor& out, const at::Tensor& a, const at::Tensor& b) const = 0;
+
+  // The margin head's passes over weight rows. The defaults are ATen's.
+  // The kept rows normalised and scaled: out[k] = weight[kept[k]] * scale /
+  // max(|weight[kept[k]]|, eps) and norms[k] = |weight[kept[k]]| (unclamped,
+  // in the rows' dtype); out [kept, features] and norms [kept] written whole.
+  virtual void gather_scaled_unit_rows(at::Tensor& out, at::Tensor& norms, const at::Tensor& weight,
+                                       const at::Tensor& kept, double scale, double eps) const;
+  // grad_rows [n, features] = a_j grad_rows_j - b_j (rows_j . grad_rows_j)
+  // rows_j per row j, the dot taken (in `acc`) before the update; `a`
+  // undefined is 1; a and b [n] in `acc`.
+  virtual void project_out_rows(at::Tensor& grad_rows, const at::Tensor& rows, const at::Tensor& a,
+                                const at::Tensor& b, at::ScalarType acc) const;
+
+  // How many values the probability targets' passes (probability_target.h)
+  // take at a time, their temporaries' size: a few MiB on the CPU (cache),
+  // many rows of a million classes on a GPU (launches).
+  virtual int64_t probability_block_elements() const = 0;
 };
 
 }  // namespace ops

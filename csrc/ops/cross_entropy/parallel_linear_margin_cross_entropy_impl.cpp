@@ -1,4 +1,4 @@
-#include "ops/parallel_linear_margin_cross_entropy_impl.h"
+#include "ops/cross_entropy/parallel_linear_margin_cross_entropy_impl.h"
 
 #include <ATen/ATen.h>
 
@@ -9,13 +9,11 @@
 
 #include "comm/registry.h"
 #include "comm/sharded_collectives.h"
-#include "ops/cpu/cpu_gemm.h"
-#include "ops/cpu/margin_rows_cpu.h"
-#include "ops/cross_entropy_statistics.h"
+#include "ops/cross_entropy/cross_entropy_statistics.h"
 #include "ops/recycled_buffers.h"
 #include "ops/scratch_buffer.h"
-#include "ops/fused_head_driver.h"
-#include "ops/gemm_precision.h"
+#include "ops/cross_entropy/fused_head_driver.h"
+#include "ops/cross_entropy/gemm_precision.h"
 #include <shardtorch/topology/topology.h>
 
 namespace shardtorch {
@@ -224,7 +222,7 @@ class MarginHead final : public FusedHead {
       values = slot->take({x.size(0), width}, x.options().dtype(out), empty_scratch_buffer);
       for_each_chunk(begin, width, [&](int64_t c0, int64_t w) {
         at::Tensor part = values.narrow(1, c0 - begin, w);
-        logits_into(part, x, gemm_rows(c0, w));
+        kernels_.chunk_logits_into(part, x, gemm_rows(c0, w));
       });
     }
     // cos = (x_unit . w_j) / n_j: the target's first (its margin needs the
@@ -293,21 +291,6 @@ class MarginHead final : public FusedHead {
     }
   }
 
-  // x_unit . w_j of a chunk's columns into `part`, columns of a wider block.
-  // On the CPU the kernels' logits are ATen's mm (and a cast): the GEMM then
-  // writes into the block's columns where the dtypes allow, and a
-  // reduced-precision product is cast by the one copy into them. On CUDA the
-  // kernels give the float32 product of float16/bfloat16 operands.
-  void logits_into(at::Tensor& part, const at::Tensor& x, const at::Tensor& w_gemm) const {
-    if (!x.is_cpu()) {
-      part.copy_(kernels_.chunk_logits(x, w_gemm, at::Tensor(), part.scalar_type()));
-    } else if (w_gemm.scalar_type() == part.scalar_type()) {
-      cpu_mm_out(part, x, w_gemm.t());
-    } else {
-      part.copy_(at::mm(x, w_gemm.t()));
-    }
-  }
-
   // Rows [begin, begin + width) of the weight in the loss's column order: a
   // view of the weight, or of the kept rows gathered at the first use (not
   // before: kept classes that failed their check must not be gathered).
@@ -327,10 +310,7 @@ class MarginHead final : public FusedHead {
       return;
     }
     norms_ = at::empty({kept_.size(0)}, w_.options());
-    if (gather_scaled_unit_rows_cpu(gathered_, norms_, w_, kept_, margin_.scale, kNormEps)) return;
-    at::index_select_out(gathered_, w_, 0, kept_);
-    at::linalg_vector_norm_out(norms_, gathered_, 2, {1});
-    gathered_.mul_((margin_.scale / norms_.clamp_min(kNormEps)).unsqueeze(1));
+    kernels_.gather_scaled_unit_rows(gathered_, norms_, w_, kept_, margin_.scale, kNormEps);
   }
 
   // Under autocast: rows [begin, begin + width) cast to the GEMMs' dtype.
@@ -365,8 +345,8 @@ class MarginHead final : public FusedHead {
   // grad_rows [n, features] = a_j grad_rows_j - b_j rows_j (rows_j . grad_rows_j)
   // for columns [begin, begin + n): raw rows, a_j = 1 and b_j = 1 / n_j^2;
   // rows v_j = scale * w_j / n_j, a_j = scale / n_j and b_j = 1 / (scale n_j);
-  // b_j = 0 where |w_j| < eps (n_j is then eps, a constant). The dot runs a
-  // slice of rows at a time, so that its product stays small (and in cache).
+  // b_j = 0 where |w_j| < eps (n_j is then eps, a constant). The kernels
+  // take each row's dot and update in one pass where they can.
   void project_out_rows(at::Tensor& grad_rows, const at::Tensor& rows, int64_t begin) const {
     const int64_t n = rows.size(0);
     const at::Tensor norms = this->norms(begin, n);
@@ -378,20 +358,8 @@ class MarginHead final : public FusedHead {
     } else {
       b = at::where(unclamped, (norms * norms).reciprocal(), 0.0);
     }
-    if (margin_project_rows_cpu(grad_rows, rows, a, b)) return;
-    at::Tensor along = at::empty({n}, norms.options());
-    for (int64_t r0 = 0; r0 < n; r0 += kDotRows) {
-      const int64_t r = std::min(kDotRows, n - r0);
-      at::Tensor out = along.narrow(0, r0, r);
-      at::sum_out(out, grad_rows.narrow(0, r0, r).mul(rows.narrow(0, r0, r)), {1},
-                  /*keepdim=*/false, acc_);
-    }
-    along.mul_(b);
-    if (a.defined()) grad_rows.mul_(a.unsqueeze(1).to(grad_rows.scalar_type()));
-    grad_rows.addcmul_(rows, along.unsqueeze(1).to(grad_rows.scalar_type()), -1.0);
+    kernels_.project_out_rows(grad_rows, rows, a, b, acc_);
   }
-
-  static constexpr int64_t kDotRows = 256;
 
   NormalizedRows x_;
   std::optional<at::ScalarType> gemm_;  // the autocast GEMM dtype, if any

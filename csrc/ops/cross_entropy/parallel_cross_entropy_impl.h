@@ -9,8 +9,8 @@
 #include <string>
 #include <tuple>
 
-#include "ops/cross_entropy_checks.h"
-#include "ops/cross_entropy_kernels.h"
+#include "ops/cross_entropy/cross_entropy_checks.h"
+#include "ops/cross_entropy/cross_entropy_kernels.h"
 
 namespace shardtorch {
 namespace ops {

@@ -1,4 +1,6 @@
-#include "ops/gemm_precision.h"
+// Which dtype the fused heads' GEMMs run in under autocast
+// (cross_entropy/gemm_precision.h): a CPU decision, read from CPUID.
+#include "ops/cross_entropy/gemm_precision.h"
 
 #include <c10/util/Exception.h>
 

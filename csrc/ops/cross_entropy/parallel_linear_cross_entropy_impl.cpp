@@ -1,19 +1,17 @@
 // shard::parallel_linear_cross_entropy's head for the fused-head driver
 // (fused_head_driver.h): logits x w^T + b of this rank's shard.
-#include "ops/parallel_linear_cross_entropy_impl.h"
+#include "ops/cross_entropy/parallel_linear_cross_entropy_impl.h"
 
 #include <ATen/ATen.h>
-#include <ATen/FunctionalTensorWrapper.h>
-#include <c10/core/impl/TorchDispatchModeTLS.h>
 
 #include <algorithm>
 #include <any>
 
-#include "ops/cross_entropy_statistics.h"
+#include "ops/cross_entropy/cross_entropy_statistics.h"
 #include "ops/recycled_buffers.h"
 #include "ops/scratch_buffer.h"
-#include "ops/fused_head_driver.h"
-#include "ops/gemm_precision.h"
+#include "ops/cross_entropy/fused_head_driver.h"
+#include "ops/cross_entropy/gemm_precision.h"
 #include <shardtorch/ops/parallel_linear_cross_entropy.h>
 #include <shardtorch/topology/topology.h>
 
@@ -173,29 +171,6 @@ parallel_linear_cross_entropy_forward_with_gradients_impl(
                                               kFusedWithGradients);
       });
   return {out.loss, out.row_stats, out.grad_input, out.grad_weight, out.grad_bias};
-}
-
-bool parallel_linear_cross_entropy_gradients_in_forward(const at::Tensor& weight, int64_t reduction,
-                                                        bool any_gradient) {
-  const auto type = weight.scalar_type();
-  return reduction != 0 && (type == at::kFloat || type == at::kDouble) && any_gradient;
-}
-
-at::Tensor parallel_linear_cross_entropy_apply_upstream(const at::Tensor& gradient,
-                                                        const at::Tensor& grad_loss,
-                                                        bool in_place) {
-  TORCH_CHECK(grad_loss.numel() == 1, "shard::parallel_linear_cross_entropy",
-              ": the upstream gradient of a reduced loss must be one value, got shape ",
-              grad_loss.sizes());
-  // loss.backward()'s 1 on CPU, where reading it costs nothing: no pass over
-  // a weight-sized gradient. Not while torch.compile traces (the value is
-  // not known then).
-  const bool traced = c10::impl::TorchDispatchModeTLS::any_modes_set() ||
-                      grad_loss.unsafeGetTensorImpl()->is_python_dispatch() ||
-                      at::functionalization::impl::isFunctionalTensor(grad_loss);
-  if (!traced && grad_loss.is_cpu() && grad_loss.item<double>() == 1.0) return gradient;
-  const at::Tensor factor = grad_loss.reshape({});
-  return in_place ? gradient.mul_(factor) : gradient.mul(factor);
 }
 
 }  // namespace ops

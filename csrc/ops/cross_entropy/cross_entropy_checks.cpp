@@ -1,10 +1,10 @@
-#include "ops/cross_entropy_checks.h"
+#include "ops/cross_entropy/cross_entropy_checks.h"
 
 #include <c10/util/Exception.h>
 
-#include "ops/cross_entropy_saved_stats.h"
+#include "ops/cross_entropy/cross_entropy_saved_stats.h"
 #include "ops/op_checks.h"
-#include "ops/probability_target.h"
+#include "ops/cross_entropy/probability_target.h"
 
 namespace shardtorch {
 namespace ops {

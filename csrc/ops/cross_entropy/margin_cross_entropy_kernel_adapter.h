@@ -7,7 +7,7 @@
 #include <ATen/DeviceGuard.h>
 #include <torch/library.h>
 
-#include "ops/parallel_linear_margin_cross_entropy_impl.h"
+#include "ops/cross_entropy/parallel_linear_margin_cross_entropy_impl.h"
 
 namespace shardtorch {
 namespace ops {

@@ -1,4 +1,4 @@
-#include "ops/cross_entropy_statistics.h"
+#include "ops/cross_entropy/cross_entropy_statistics.h"
 
 #include <ATen/ATen.h>
 
@@ -7,7 +7,7 @@
 #include "comm/debug_communicator.h"
 #include "comm/registry.h"
 #include "comm/sharded_collectives.h"
-#include "ops/probability_target.h"
+#include "ops/cross_entropy/probability_target.h"
 #include <shardtorch/topology/topology.h>
 
 namespace shardtorch {
@@ -21,7 +21,12 @@ enum GatheredTrailer : int64_t {
   kGatheredWeightSum = 1,     // sum of its class weights
   kGatheredCheckCode = 2,     // its LocalCheck::Code
   kGatheredBadTarget = 3,     // its first out-of-range target (with kTarget)
+  // 1 where its check failed on its host: it raises at once, alone, and
+  // joins no later collective (Communicator::raised_alone), whatever the code.
+  kGatheredRaisedAlone = 4,
 };
+// Per rank, the gathered columns a verdict reads: code, bad target, raised alone.
+constexpr int64_t kVerdictColumns = 3;
 
 const char* describe(int64_t code) {
   switch (code) {
@@ -142,12 +147,14 @@ at::Tensor local_targets(const at::Tensor& target, int64_t ignore_index, const a
 // flattened), made into the error every rank raises ("" when all passed).
 std::string check_verdict(const std::vector<double>& gathered, int64_t own_rank,
                           int64_t num_classes, int64_t ignore_index, const char* op) {
-  const int64_t ranks = static_cast<int64_t>(gathered.size()) / 2;
-  const auto code_of = [&](int64_t r) { return static_cast<int64_t>(gathered[2 * r]); };
+  const int64_t ranks = static_cast<int64_t>(gathered.size()) / kVerdictColumns;
+  const auto code_of = [&](int64_t r) {
+    return static_cast<int64_t>(gathered[kVerdictColumns * r]);
+  };
   if (code_of(own_rank) == LocalCheck::kTarget) {
     return c10::str(op, ": target values must be in [0, num_classes=", num_classes,
                     ") or equal ignore_index=", ignore_index, ", got ",
-                    static_cast<int64_t>(gathered[2 * own_rank + 1]));
+                    static_cast<int64_t>(gathered[kVerdictColumns * own_rank + 1]));
   }
   if (code_of(own_rank) == LocalCheck::kSampledClasses) {  // found on the device (CUDA)
     return c10::str(op,
@@ -163,17 +170,12 @@ std::string check_verdict(const std::vector<double>& gathered, int64_t own_rank,
   return "";
 }
 
-// Whether another rank failed a check known on its host (its shard or class
-// weight size): it raised right after the gather (raised_alone above), not at
-// the verdict. (A margin rank without local classes checks its
-// sampled_classes on the host too; counted as found on the device here.)
+// Whether another rank raised alone (its check failed on its host, whatever
+// the check): the collectives launched since wait for it in vain.
 bool a_peer_raised_alone(const std::vector<double>& gathered, int64_t own_rank) {
-  const int64_t ranks = static_cast<int64_t>(gathered.size()) / 2;
+  const int64_t ranks = static_cast<int64_t>(gathered.size()) / kVerdictColumns;
   for (int64_t r = 0; r < ranks; ++r) {
-    const auto code = static_cast<int64_t>(gathered[2 * r]);
-    if (r != own_rank && (code == LocalCheck::kShardSize || code == LocalCheck::kWeightSize)) {
-      return true;
-    }
+    if (r != own_rank && gathered[kVerdictColumns * r + 2] != 0) return true;
   }
   return false;
 }
@@ -294,7 +296,8 @@ at::Tensor fresh_row_stats(int64_t rows, const CrossEntropyForwardSetup& setup,
 }
 
 at::Tensor combine_over_group(const CrossEntropyForwardSetup& setup, const at::Tensor& stats,
-                              const CrossEntropyOptions& options, const char* op) {
+                              const CrossEntropyOptions& options, const char* op,
+                              bool give_verdict) {
   comm::Communicator& communicator = *setup.communicator;
   const ClassLayout& layout = setup.layout;
   const int64_t rows = stats.size(0);
@@ -310,6 +313,7 @@ at::Tensor combine_over_group(const CrossEntropyForwardSetup& setup, const at::T
   }
   at::Tensor code = trailer.select(0, kGatheredCheckCode);
   code.fill_(static_cast<double>(setup.check.code));
+  trailer.select(0, kGatheredRaisedAlone).fill_(setup.check.code == LocalCheck::kOk ? 0.0 : 1.0);
   if (setup.check.code == LocalCheck::kOk) {
     // The checks found on the device, never read here: a bad target first.
     if (setup.check.sampled_classes_bad.defined()) {
@@ -324,18 +328,28 @@ at::Tensor combine_over_group(const CrossEntropyForwardSetup& setup, const at::T
   }
   at::Tensor gathered = at::empty({communicator.size(), rows + 1, kNumRowStats}, f64);
   communicator.all_gather(packed, gathered);
-  // A check only this rank knows failed: it raises now, its peers from the verdict.
+  const at::Tensor checks = gathered.select(1, rows).narrow(1, kGatheredCheckCode, kVerdictColumns);
+  // A check only this rank knows failed: it raises now, its peers from the
+  // verdict (after aborting the collectives they launched meanwhile). It
+  // reads what the others found first (a host wait, on this failing path
+  // only): where every rank failed one, none waits for another.
   if (setup.check.code != LocalCheck::kOk) {
-    communicator.raised_alone(setup.check.message);
-    TORCH_CHECK(false, setup.check.message);
+    communicator.synchronize();
+    const bool everyone = checks.select(1, 2).ne(0).all().item<bool>();
+    if (!everyone) communicator.raised_alone(setup.check.message);
+    TORCH_CHECK(false, setup.check.message,
+                everyone ? " (every rank of the group failed an argument check of its own and "
+                           "raised it at once: none left the others waiting)"
+                         : "");
   }
-  const at::Tensor checks = gathered.select(1, rows).narrow(1, kGatheredCheckCode, 2);
-  const int64_t own_rank = communicator.rank(), num_classes = layout.num_classes;
-  const int64_t ignore_index = options.ignore_index;
-  communicator.raise_if(checks, [=](const std::vector<double>& values) {
-    return comm::CheckOutcome(check_verdict(values, own_rank, num_classes, ignore_index, op),
-                              a_peer_raised_alone(values, own_rank));
-  });
+  if (give_verdict) {
+    const int64_t own_rank = communicator.rank(), num_classes = layout.num_classes;
+    const int64_t ignore_index = options.ignore_index;
+    communicator.raise_if(checks, [=](const std::vector<double>& values) {
+      return comm::CheckOutcome(check_verdict(values, own_rank, num_classes, ignore_index, op),
+                                a_peer_raised_alone(values, own_rank));
+    });
+  }
   // Where the verdict comes later (CUDA), a failed check makes this forward's
   // loss and gradients NaN meanwhile, never a plausible wrong number.
   const at::Tensor any_failed = checks.select(1, 0).ne(0).any();

@@ -1,24 +1,15 @@
-#include "ops/probability_target.h"
+#include "ops/cross_entropy/probability_target.h"
 
 #include <ATen/ATen.h>
 
 #include <algorithm>
 
-#include "ops/cross_entropy_kernels.h"
+#include "ops/cross_entropy/cross_entropy_kernels.h"
+#include "ops/cross_entropy/row_blocks.h"
 
 namespace shardtorch {
 namespace ops {
 namespace {
-
-// The passes go over blocks of rows, so that their temporaries (the target
-// and the logits in the stats dtype, their products) stay a few MiB whatever
-// the batch; a block is large enough for the per-operation overhead not to
-// show on CPU, and on a GPU a row of a million classes is still one block.
-constexpr int64_t kProbabilityBlockElements = int64_t(1) << 20;
-
-int64_t probability_block_rows(int64_t cols) {
-  return std::max<int64_t>(1, kProbabilityBlockElements / std::max<int64_t>(cols, 1));
-}
 
 at::Tensor as_stats_dtype(const at::Tensor& t, at::ScalarType acc) {
   return t.scalar_type() == acc ? t : t.to(acc);
@@ -34,16 +25,19 @@ at::Tensor weighted_probabilities(const at::Tensor& probs, const at::Tensor& w_c
 }
 
 // Calls f(row0, n, wp) for each block of rows [row0, row0 + n) of a chunk of
-// `cols` columns from col_begin, wp being w_j p_ij of that block.
+// `cols` columns from col_begin, wp being w_j p_ij of that block. The blocks
+// keep the temporaries (the target and the logits in the stats dtype, their
+// products) about `block_elements` values whatever the batch
+// (CrossEntropyKernels::probability_block_elements).
 template <typename F>
 void for_each_weighted_block(int64_t rows, int64_t cols, int64_t col_begin,
                              const at::Tensor& probs_local, const at::Tensor& weight_local,
-                             at::ScalarType acc, F f) {
+                             at::ScalarType acc, int64_t block_elements, F f) {
   if (rows == 0 || cols == 0) return;
   const at::Tensor probs = probs_local.narrow(1, col_begin, cols);
   const at::Tensor w_cols =
       weight_local.defined() ? weight_local.narrow(0, col_begin, cols) : at::Tensor();
-  const int64_t step = probability_block_rows(cols);
+  const int64_t step = rows_per_block(cols, block_elements);
   for (int64_t row0 = 0; row0 < rows; row0 += step) {
     const int64_t n = std::min(step, rows - row0);
     f(row0, n, weighted_probabilities(probs.narrow(0, row0, n), w_cols, acc));
@@ -64,10 +58,10 @@ int64_t probability_target_rows(const at::Tensor& target) {
 
 void accumulate_probability_stats(const at::Tensor& logits, int64_t col_begin,
                                   const at::Tensor& probs_local, const at::Tensor& weight_local,
-                                  const at::Tensor& stats) {
+                                  const at::Tensor& stats, int64_t block_elements) {
   const at::ScalarType acc = stats.scalar_type();
   for_each_weighted_block(logits.size(0), logits.size(1), col_begin, probs_local, weight_local, acc,
-                          [&](int64_t row0, int64_t n, const at::Tensor& wp) {
+                          block_elements, [&](int64_t row0, int64_t n, const at::Tensor& wp) {
                             at::Tensor s = stats.narrow(0, row0, n);
                             s.select(1, kRowTargetWeight).add_(wp.sum(1));
                             // sum_c w_c p_c z_c: a row dot product, so a masked (-inf) logit under
@@ -80,10 +74,10 @@ void accumulate_probability_stats(const at::Tensor& logits, int64_t col_begin,
 
 void subtract_probability_gradient(const at::Tensor& values, int64_t col_begin,
                                    const at::Tensor& probs_local, const at::Tensor& weight_local,
-                                   const at::Tensor& scale) {
+                                   const at::Tensor& scale, int64_t block_elements) {
   const at::ScalarType acc = scale.scalar_type();
   for_each_weighted_block(values.size(0), values.size(1), col_begin, probs_local, weight_local, acc,
-                          [&](int64_t row0, int64_t n, const at::Tensor& wp) {
+                          block_elements, [&](int64_t row0, int64_t n, const at::Tensor& wp) {
                             const at::Tensor row_scale = scale.narrow(0, row0, n).unsqueeze(1);
                             at::Tensor v = values.narrow(0, row0, n);
                             if (v.scalar_type() == acc) {
