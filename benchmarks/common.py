@@ -132,3 +132,29 @@ def time_interleaved(steps: dict, repeats: int, warmup: int = 2, sync=None, prep
                 sync()
             times[name].append(time.perf_counter() - start)
     return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def status_kib(field: str) -> int:
+    """A field of /proc/self/status in KiB (VmRSS, VmHWM: resident memory now and at its highest)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def reset_peak_resident_memory() -> int:
+    """Resets the kernel's high-water mark of resident memory (VmHWM) to the current VmRSS; returns it (KiB)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return status_kib("VmRSS")
+
+
+def llama_checkpoint(path: str, config: dict) -> None:
+    """Writes a Llama-style checkpoint of ``config`` (float32, seed 0) with save_pretrained, once."""
+    if os.path.isfile(os.path.join(path, "model.safetensors")):
+        return
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(**config)).save_pretrained(path)

@@ -31,14 +31,6 @@ CONFIG = dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hi
               num_attention_heads=16, num_key_value_heads=8, max_position_embeddings=512, tie_word_embeddings=False)
 
 
-def _status_kib(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(field)
-
-
 def rank_job(way, path, batch, prompt, new_tokens):
     import torch
     import torch.distributed as dist
@@ -51,9 +43,7 @@ def rank_job(way, path, batch, prompt, new_tokens):
         dist.init_process_group("gloo")
         if way == "shardtorch":
             ts.distributed.init_process_group(group_size=dist.get_world_size())
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    baseline = _status_kib("VmRSS")
+    baseline = common.reset_peak_resident_memory()
     if way == "shardtorch":
         model = ts.nn.from_pretrained(path)
     elif way == "transformers":
@@ -68,22 +58,13 @@ def rank_job(way, path, batch, prompt, new_tokens):
         start = time.perf_counter()
         out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **options)
         seconds = time.perf_counter() - start
-    peak = _status_kib("VmHWM")
+    peak = common.status_kib("VmHWM")
     tokens = out[:, prompt:]
     common.write_result({"way": way, "batch": batch, "seconds": seconds,
                          "tokens_per_s": tokens.numel() / seconds, "peak_above_baseline_mib": (peak - baseline) / 1024,
                          "tokens_sha": hashlib.sha256(tokens.numpy().tobytes()).hexdigest()[:16]})
     if distributed:
         dist.destroy_process_group()
-
-
-def make_checkpoint(path):
-    if os.path.isfile(os.path.join(path, "model.safetensors")):
-        return
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-    torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(**CONFIG)).save_pretrained(path)
 
 
 def _run_one(way, world, args, batch):
@@ -114,7 +95,7 @@ def main():
     if args.rank_job:
         way, path, batch, prompt, new = args.rank_job
         return rank_job(way, path, int(batch), int(prompt), int(new))
-    make_checkpoint(args.checkpoint)
+    common.llama_checkpoint(args.checkpoint, CONFIG)
     print(f"checkpoint {args.checkpoint}; CPU: {common.cpu_name()} ({os.cpu_count()} cores); prompt {args.prompt}, "
           f"{args.new_tokens} new tokens, greedy")
     rows = []

@@ -35,14 +35,6 @@ CONFIG = dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hi
 WAYS = ("shardtorch", "transformers", "whole+parallelize")
 
 
-def _status_kib(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(field)
-
-
 def rank_job(way, path):
     import torch
     import torch.distributed as dist
@@ -55,9 +47,7 @@ def rank_job(way, path):
     if way != "transformers":
         ts.distributed.init_process_group(group_size=world)
     dist.barrier()
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # VmHWM := VmRSS
-    baseline = _status_kib("VmRSS")
+    baseline = common.reset_peak_resident_memory()
     start = time.perf_counter()
     if way == "shardtorch":
         model = ts.nn.from_pretrained(path)
@@ -66,26 +56,17 @@ def rank_job(way, path):
     else:
         model = ts.nn.parallelize(AutoModelForCausalLM.from_pretrained(path))
     seconds = time.perf_counter() - start
-    peak = _status_kib("VmHWM")
+    peak = common.status_kib("VmHWM")
     local = sum(p.to_local().nbytes if hasattr(p, "to_local") else p.nbytes for p in model.parameters())
     ids = torch.randint(0, CONFIG["vocab_size"], (2, 64), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         loss = float(model(input_ids=ids, labels=ids).loss)
-    used = _status_kib("VmRSS")
+    used = common.status_kib("VmRSS")
     common.write_result({"way": way, "rank": dist.get_rank(), "seconds": seconds, "baseline_mib": baseline / 1024,
                          "peak_mib": peak / 1024, "peak_above_baseline_mib": (peak - baseline) / 1024,
                          "after_forward_above_baseline_mib": (used - baseline) / 1024,
                          "local_parameter_mib": local / 2**20, "loss": loss})
     dist.destroy_process_group()
-
-
-def make_checkpoint(path):
-    if os.path.isfile(os.path.join(path, "model.safetensors")):
-        return
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-    torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(**CONFIG)).save_pretrained(path)
 
 
 def main():
@@ -99,7 +80,7 @@ def main():
     args = parser.parse_args()
     if args.rank_job:
         return rank_job(*args.rank_job)
-    make_checkpoint(args.checkpoint)
+    common.llama_checkpoint(args.checkpoint, CONFIG)
     size = os.path.getsize(os.path.join(args.checkpoint, "model.safetensors")) / 2**20
     print(f"checkpoint {args.checkpoint}: {size:.0f} MiB; CPU: {common.cpu_name()}")
     rows = []
