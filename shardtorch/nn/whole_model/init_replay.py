@@ -246,7 +246,8 @@ def _apply(write: Write, target: _Target, base: torch.Tensor, local: torch.Tenso
     kwargs = dict(write.kwargs, generator=generator) if write.random else write.kwargs
     if target.dim is None:
         region = _region(local, box, view)
-        if write.random and region.dtype != view.dtype:  # drawn in the construction's dtype, then converted
+        if write.random and (region.dtype != view.dtype or region.device.type != "cpu"):
+            # drawn on the CPU generator in the construction's dtype, as the construction drew it, then converted
             staged = torch.empty(region.shape, dtype=view.dtype)
             write.func(staged, *write.args[1:], **kwargs)
             region.copy_(staged)
