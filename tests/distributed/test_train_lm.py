@@ -178,8 +178,9 @@ def test_save_pretrained_at_2_continues_at_3_as_at_2(tmp_path, cache_dir):
         runs[world] = losses, torch.load(tmp_path / f"from{world}.pt", weights_only=True)
     for step in (0, 1, 2):
         assert runs[3][0][step] == pytest.approx(runs[2][0][step], rel=1e-12), (step, runs[3][0], runs[2][0])
-    for key, value in runs[2][1].items():
-        torch.testing.assert_close(runs[3][1][key], value, rtol=1e-12, atol=0, msg=key)
+    for key, value in runs[2][1].items():  # 2 and 3 ranks sum in other orders: within 1e-12 of the tensor's scale
+        error = (runs[3][1][key] - value).abs().max().item()
+        assert error <= 1e-12 * value.abs().max().item(), (key, error)
     from transformers import GPT2LMHeadModel
     first = GPT2LMHeadModel.from_pretrained(saved)  # plain transformers reads what the ranks wrote
     assert first.config.n_layer == 2 and first.config.vocab_size == 512
