@@ -166,7 +166,8 @@ def test_resume_continues_exactly(tmp_path, cache_dir):
 def test_save_pretrained_at_2_continues_at_3_as_at_2(tmp_path, cache_dir):
     """--save-pretrained after 3 steps at 2 ranks writes a Hugging Face checkpoint; starting from it
     with --from-pretrained at 3 ranks (heads split 2/1/1, the vocabulary unevenly) trains like at 2:
-    the same losses and final parameters in float64 (each run a fresh AdamW from those weights)."""
+    the same losses (1e-12) and final parameters (1e-10) in float64, each run a fresh AdamW from those
+    weights."""
     saved = tmp_path / "pretrained"
     _train(tmp_path, cache_dir, "first", "--steps", 3, "--eval-every", 0, "--save-pretrained", saved)
     assert (saved / "config.json").is_file() and (saved / "model.safetensors").is_file()
@@ -178,9 +179,12 @@ def test_save_pretrained_at_2_continues_at_3_as_at_2(tmp_path, cache_dir):
         runs[world] = losses, torch.load(tmp_path / f"from{world}.pt", weights_only=True)
     for step in (0, 1, 2):
         assert runs[3][0][step] == pytest.approx(runs[2][0][step], rel=1e-12), (step, runs[3][0], runs[2][0])
-    for key, value in runs[2][1].items():  # 2 and 3 ranks sum in other orders: within 1e-12 of the tensor's scale
+    # 2 and 3 ranks sum in other orders, and AdamW divides each update by the root of its second moment, which
+    # makes last-bit differences of a near-zero gradient differences of its update: within 1e-10 of each tensor's
+    # scale (the other parallelize tests' bound; 2e-12 measured).
+    for key, value in runs[2][1].items():
         error = (runs[3][1][key] - value).abs().max().item()
-        assert error <= 1e-12 * value.abs().max().item(), (key, error)
+        assert error <= 1e-10 * value.abs().max().item(), (key, error)
     from transformers import GPT2LMHeadModel
     first = GPT2LMHeadModel.from_pretrained(saved)  # plain transformers reads what the ranks wrote
     assert first.config.n_layer == 2 and first.config.vocab_size == 512
