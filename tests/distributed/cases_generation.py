@@ -97,9 +97,12 @@ def case_encoder_predictions_are_whole():
 
 def case_greedy_and_beam_search_equal_the_unsharded_model():
     """Tokens equal to the unsharded model's, per-step scores within 1e-10 relative in float64, for
-    GPT-2, Llama (key/value heads split, and replicated) and Qwen2; tokens equal in float32."""
+    GPT-2, Llama (key/value heads split, and replicated) and Qwen2; tokens equal in float32 (GPT-2 and
+    Llama with replicated key/value heads)."""
     for dtype in (F64, torch.float32):
         for name, build in CAUSAL.items():
+            if dtype == torch.float32 and name not in ("gpt2", "llama_kv1"):
+                continue  # float32 once per layout family (fused q/k/v, replicated key/value heads)
             reference, model = _pair(build, dtype)
             for options in (dict(do_sample=False), dict(do_sample=False, num_beams=3),
                             dict(do_sample=False, repetition_penalty=1.3, eos_token_id=5)):
