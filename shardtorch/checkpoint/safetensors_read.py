@@ -5,11 +5,13 @@ tensor, in the order the shard stores them (shardtorch.utils.shard_facts). Where
 the pieces are runs of whole rows of the file (the split dimension is the first
 one of size above 1), each is one read into its place in the destination: no
 buffer. Otherwise (columns of a matrix), whole rows of the file are read a
-bounded block at a time and the pieces copied out of it. A destination of
-another dtype or device goes through the same bounded block.
+bounded block at a time (mapped from the file, unmapped after) and the pieces
+copied out of it. A destination of another dtype or device goes through a
+bounded staging block.
 """
 import mmap
 import os
+import warnings
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -82,16 +84,29 @@ def _read(entry, out, shape, dim, pieces, fd) -> None:
         return
     row = length * inner  # elements of one index of the leading dimensions
     rows = max(1, (BLOCK_BYTES // element) // max(row, 1))
-    block = torch.empty(min(rows, outer) * row, dtype=entry.dtype)
     for first in range(0, outer, rows):
-        take = min(rows, outer - first)
-        staged = block[:take * row]
-        _pread_into(fd, staged, entry.start + first * row * element, entry.path)
-        staged = staged.view(take, length, inner)
-        at = 0
-        for offset, count in pieces:
-            local[first:first + take, at:at + count].copy_(staged[:, offset:offset + count])
-            at += count
+        _copy_rows(fd, entry, first, min(rows, outer - first), length, inner, pieces, local)
+
+
+def _copy_rows(fd: int, entry: TensorEntry, first: int, take: int, length: int, inner: int, pieces,
+               local: torch.Tensor) -> None:
+    """Copies the pieces of rows [first, first + take) of the file's tensor into ``local``, through a map of
+    those rows (their pages read as the copy touches them: one copy, no staging buffer), unmapped after."""
+    count = take * length * inner
+    start = entry.start + first * length * inner * entry.dtype.itemsize
+    aligned = start - start % mmap.ALLOCATIONGRANULARITY
+    region = mmap.mmap(fd, start - aligned + count * entry.dtype.itemsize, flags=mmap.MAP_SHARED,
+                       prot=mmap.PROT_READ, offset=aligned)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # a read-only buffer: the tensor over it is only read
+        block = torch.frombuffer(region, dtype=entry.dtype, count=count, offset=start - aligned)
+    rows = block.view(take, length, inner)
+    at = 0
+    for offset, pieces_count in pieces:
+        local[first:first + take, at:at + pieces_count].copy_(rows[:, offset:offset + pieces_count])
+        at += pieces_count
+    del rows, block  # no view of the map may outlive it
+    region.close()
 
 
 def _staged(fd: int, target: torch.Tensor, start: int, entry: TensorEntry, element: int) -> None:

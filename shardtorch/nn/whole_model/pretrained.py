@@ -90,7 +90,8 @@ def from_pretrained(model, path=None, *, dtype="auto", plan="auto", group: str =
                 # An initialisation that needs real values: the checkpoint replaces them; the record then lacks
                 # what such initialisers write (weights the checkpoint lacks cannot be drawn).
                 (built, record), incomplete = build_on_meta(source.build), True
-        entries = converted_entries(built, entries, who)  # transformers' renamings and merges of the keys
+        if not _all_found(built, entries):  # a checkpoint in the model's original format
+            entries = converted_entries(built, entries, who)  # transformers' renamings and merges of the keys
         keys = _match_keys(built, entries, source.description, folder)
         originals = named_tensors(built)
         missing, unexpected = _check_shapes(built, originals, entries, keys, folder)
@@ -194,6 +195,13 @@ def _agreed_generator() -> torch.Generator:
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         dist.broadcast(seed, src=0)
     return torch.Generator().manual_seed(int(seed))
+
+
+def _all_found(model: nn.Module, entries) -> bool:
+    """Whether every model key is in the checkpoint as it is (or under another name of its tensor)."""
+    tied = _tied_names(model)
+    return all(key in entries or any(other in entries for other in tied.get(key, ()))
+               for key in model.state_dict(keep_vars=True))
 
 
 def _match_keys(model: nn.Module, entries, description: str, folder: str) -> Dict[str, str]:
