@@ -46,8 +46,9 @@ void check_contiguous(const at::Tensor& t, const char* what) {
 }  // namespace
 
 ProcessGroupCommunicator::ProcessGroupCommunicator(std::string group_name,
-                                                   c10::intrusive_ptr<c10d::ProcessGroup> group)
-    : group_name_(std::move(group_name)), group_(std::move(group)) {
+                                                   c10::intrusive_ptr<c10d::ProcessGroup> group,
+                                                   std::chrono::milliseconds timeout)
+    : group_name_(std::move(group_name)), group_(std::move(group)), timeout_(timeout) {
   TORCH_CHECK(group_, "ProcessGroupCommunicator: process group for '", group_name_, "' is null");
   rank_ = group_->getRank();
   size_ = group_->getSize();
@@ -55,9 +56,27 @@ ProcessGroupCommunicator::ProcessGroupCommunicator(std::string group_name,
 
 std::string ProcessGroupCommunicator::backend_name() const { return group_->getBackendName(); }
 
+SharedMemoryCollectives* ProcessGroupCommunicator::shared_memory(const at::Tensor& tensor) {
+  // The same answer on every rank: the same sizes, dtypes and devices reach a collective.
+  if (!tensor.is_cpu() || tensor.numel() * static_cast<int64_t>(tensor.element_size()) >
+                              SharedMemoryCollectives::kSlotBytes) {
+    return nullptr;
+  }
+  if (!shared_memory_tried_) {
+    shared_memory_tried_ = true;
+    shared_memory_ = SharedMemoryCollectives::create(*group_, group_name_, timeout_);
+  }
+  return shared_memory_.get();
+}
+
 std::shared_ptr<CommHandle> ProcessGroupCommunicator::all_reduce_async(at::Tensor& tensor) {
   check_contiguous(tensor, "all_reduce tensor");
   if (size_ == 1 || tensor.numel() == 0) return std::make_shared<CompletedHandle>();
+  if (auto* shared = shared_memory(tensor)) {
+    RECORD_FUNCTION("shard::wait all_reduce", std::vector<c10::IValue>({c10::IValue(group_name_)}));
+    shared->all_reduce(tensor);
+    return std::make_shared<CompletedHandle>();
+  }
   std::vector<at::Tensor> tensors{tensor};
   return std::make_shared<ProcessGroupHandle>(group_->allreduce(tensors), group_name_,
                                               "all_reduce");
@@ -72,6 +91,11 @@ std::shared_ptr<CommHandle> ProcessGroupCommunicator::all_gather_async(const at:
   if (input.numel() == 0) return std::make_shared<CompletedHandle>();
   if (size_ == 1) {
     output.view(input.sizes()).copy_(input);
+    return std::make_shared<CompletedHandle>();
+  }
+  if (auto* shared = shared_memory(input)) {
+    RECORD_FUNCTION("shard::wait all_gather", std::vector<c10::IValue>({c10::IValue(group_name_)}));
+    shared->all_gather(input, output);
     return std::make_shared<CompletedHandle>();
   }
   auto blocks = output.view({size_, input.numel()});
@@ -98,8 +122,12 @@ std::shared_ptr<CommHandle> ProcessGroupCommunicator::reduce_scatter_async(const
   // exact. It moves size() times the bytes, which only matters off the CPU
   // path where NCCL is used instead.
   auto reduced = input.clone();
-  std::vector<at::Tensor> tensors{reduced};
-  ProcessGroupHandle(group_->allreduce(tensors), group_name_, "reduce_scatter").wait();
+  if (auto* shared = shared_memory(reduced)) {
+    shared->all_reduce(reduced);
+  } else {
+    std::vector<at::Tensor> tensors{reduced};
+    ProcessGroupHandle(group_->allreduce(tensors), group_name_, "reduce_scatter").wait();
+  }
   output.view({-1}).copy_(reduced.view({size_, output.numel()})[rank_]);
   return std::make_shared<CompletedHandle>();
 }

@@ -1,9 +1,15 @@
 #pragma once
-// Communicator over a c10d::ProcessGroup (Gloo for CPU tensors).
+// Communicator over a c10d::ProcessGroup (Gloo for CPU tensors); all-reduces and all-gathers of
+// small CPU tensors among ranks of one host go through shared memory instead
+// (shared_memory_collectives.h).
 
 #include <c10/util/intrusive_ptr.h>
 
+#include <chrono>
+#include <memory>
+
 #include "comm/communicator.h"
+#include "comm/shared_memory_collectives.h"
 
 namespace c10d {
 class ProcessGroup;
@@ -14,7 +20,8 @@ namespace comm {
 
 class ProcessGroupCommunicator final : public Communicator {
  public:
-  ProcessGroupCommunicator(std::string group_name, c10::intrusive_ptr<c10d::ProcessGroup> group);
+  ProcessGroupCommunicator(std::string group_name, c10::intrusive_ptr<c10d::ProcessGroup> group,
+                           std::chrono::milliseconds timeout = std::chrono::seconds(300));
 
   int64_t rank() const override { return rank_; }
   int64_t size() const override { return size_; }
@@ -35,6 +42,11 @@ class ProcessGroupCommunicator final : public Communicator {
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
   int64_t rank_;
   int64_t size_;
+  std::chrono::milliseconds timeout_;
+  // Made at the first collective that could use it (collective: every rank reaches that one).
+  SharedMemoryCollectives* shared_memory(const at::Tensor& tensor);
+  std::unique_ptr<SharedMemoryCollectives> shared_memory_;
+  bool shared_memory_tried_ = false;
 };
 
 }  // namespace comm

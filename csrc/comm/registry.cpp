@@ -76,7 +76,8 @@ std::shared_ptr<Communicator> make_cpu_communicator(const GroupInfo& info, const
       "'); CPU tensors need a CPU backend: start torch.distributed with backend "
       "\"cpu:gloo,cuda:nccl\" or \"gloo\", or let shardtorch.distributed.init_process_group "
       "create its groups");
-  return std::make_shared<ProcessGroupCommunicator>(info.layout.name, info.process_group);
+  return std::make_shared<ProcessGroupCommunicator>(info.layout.name, info.process_group,
+                                                    info.timeout);
 }
 
 }  // namespace

@@ -208,8 +208,9 @@ def _collectives(run):
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         result = run()
-    counts = collections.Counter(e.name[len("gloo:"):] if e.name.startswith("gloo:") else e.name
-                                 for e in prof.events() if e.name.startswith(("gloo:", "shard::")))
+    # Gloo's "gloo:<collective>" events and the shared-memory path's "shm:<collective>": what crossed processes.
+    counts = collections.Counter(e.name.partition(":")[2] if e.name.startswith(("gloo:", "shm:")) else e.name
+                                 for e in prof.events() if e.name.startswith(("gloo:", "shm:", "shard::")))
     return counts, result
 
 
@@ -219,6 +220,7 @@ def _check_collective_count(build, step, layers, name, vocab_embedding=True, voc
     model = build().to(F64)
     # The training configuration that reads only the loss (the default also gathers the returned logits).
     ts.nn.parallelize(model, sequence_parallel=sequence_parallel, logits="sharded")
+    ts.distributed.reduce(torch.zeros(1))  # the group's shared memory segment, set up once, not counted
     forward, (loss, _) = _collectives(lambda: step(model, True, 1, whole=False))
     backward, _ = _collectives(lambda: loss.backward())
     # Megatron's minimum per block: forward one all-reduce after each row-parallel projection, backward one for

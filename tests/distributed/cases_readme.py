@@ -2,8 +2,10 @@
 process group itself: launch with init=False, world 2), with its collectives
 counted by the PyTorch profiler: ProcessGroupGloo records every collective it
 runs as a "gloo:<collective>" event, whether Python's torch.distributed or the
-C++ core (through c10d::ProcessGroup) called it, so the count does not rely on
-anything shardtorch reports about itself."""
+C++ core (through c10d::ProcessGroup) called it, and the core's shared-memory
+path (ranks of one host, csrc/comm/shared_memory_collectives.h) as
+"shm:<collective>" where the data moves, so the count is of what crossed between
+processes, not of what shardtorch's ops say they did."""
 import os
 import re
 
@@ -27,14 +29,21 @@ def readme_code() -> str:
 
 
 def _collectives(events, within=None):
-    """Names of the gloo collectives among the profiler's events, in order;
-    ``within``: only those that start inside that (start, end) window (us)."""
+    """Names of the collectives (Gloo's or shared memory's) among the profiler's
+    events, in order, without the backend's prefix; ``within``: only those that
+    start inside that (start, end) window (us)."""
+    # A group's first small CPU collective sets up its shared memory segment, once, with Gloo
+    # collectives inside the "shm:setup" range: not collectives of the step.
+    setups = [(e.time_range.start, e.time_range.end) for e in events if e.name == "shm:setup"]
     found = []
     for event in sorted(events, key=lambda e: e.time_range.start):
-        if not event.name.startswith("gloo:"):
+        backend, _, collective = event.name.partition(":")
+        if backend not in ("gloo", "shm") or not collective or event.name == "shm:setup":
+            continue
+        if any(start <= event.time_range.start <= end for start, end in setups):
             continue
         if within is None or within[0] <= event.time_range.start <= within[1]:
-            found.append(event.name)
+            found.append(collective)
     return found
 
 
@@ -100,7 +109,7 @@ def case_readme_example_loss_is_one_collective_forward_and_none_backward():
     # The rest of the step: the column-parallel layer's forward is local and its
     # backward all-reduces the input gradient once (init's collectives come before).
     from_loss_on = _collectives(events, (_window(events, LOSS_FORWARD)[0], float("inf")))
-    assert from_loss_on == in_forward + ["gloo:all_reduce"], from_loss_on
+    assert from_loss_on == in_forward + ["all_reduce"], from_loss_on
 
     # The loss it printed is F.cross_entropy of the gathered logits (float64).
     (logits, target), loss = marks.inputs[0], marks.outputs[0]

@@ -15,12 +15,14 @@ def _json_lines(output):
     return [json.loads(line) for line in output.splitlines() if line.startswith("{")]
 
 
+@pytest.mark.parametrize("transport", ["shared memory", "gloo"])
 @pytest.mark.parametrize("mode", ["die", "stall"])
-def test_peer_failure_becomes_an_error_within_the_timeout(mode, tmp_path):
+def test_peer_failure_becomes_an_error_within_the_timeout(mode, transport, tmp_path):
     timeout = 6.0
     # The stalled rank stays stalled until the survivor has reported (not a fixed 4 timeouts).
     results = run_script(os.path.join(SCRIPTS, "peer_failure.py"), 2, [mode, timeout], timeout=120,
-                         env={"PEER_FAILURE_DONE_FILE": str(tmp_path / "survivor-done")})
+                         env={"PEER_FAILURE_DONE_FILE": str(tmp_path / "survivor-done"),
+                              "SHARDTORCH_SHARED_MEMORY": "1" if transport == "shared memory" else "0"})
     (survivor,) = _json_lines(results[0][1]) or [None]
     assert survivor is not None, results[0][1][-3000:]
     assert survivor["error"] is not None, "the surviving rank's op did not fail"
@@ -29,7 +31,10 @@ def test_peer_failure_becomes_an_error_within_the_timeout(mode, tmp_path):
     assert survivor["group_timeout"] == timeout, survivor
     # Detected within the timeout (plus slack for a loaded machine), not a hang.
     assert survivor["seconds"] < timeout + 10, survivor
-    print(f"peer {mode}: error after {survivor['seconds']:.2f} s (timeout {timeout} s)")
+    if mode == "die" and transport == "shared memory":  # the segment sees the pid gone: no timeout
+        assert "rank 1 of the group" in survivor["error"] and "exited" in survivor["error"], survivor
+        assert survivor["seconds"] < timeout, survivor
+    print(f"peer {mode} ({transport}): error after {survivor['seconds']:.2f} s (timeout {timeout} s)")
 
 
 def test_debug_mode_names_the_rank_that_disagrees():
