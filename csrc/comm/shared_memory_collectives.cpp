@@ -37,7 +37,10 @@ struct alignas(64) SharedMemoryCollectives::RankControl {
   std::atomic<uint32_t> changes;
   uint32_t pad;
   int64_t pid;
-  char pid_line[48];
+  // What it brought to the collective in each buffer: bytes x 256 + dtype (written before
+  // `arrived`).
+  int64_t brought[2];
+  char pid_line[32];
 };
 
 namespace {
@@ -235,9 +238,23 @@ int64_t SharedMemoryCollectives::begin(const at::Tensor& input, const char* coll
   // The slot is free once every rank has read what it held two collectives ago.
   wait_for_all(false, sequence - kBuffers, collective);
   std::memcpy(slot(sequence, rank_), input.data_ptr(), static_cast<size_t>(bytes));
+  const int64_t brought = bytes * 256 + static_cast<int64_t>(input.scalar_type());
+  control(rank_).brought[sequence % kBuffers] = brought;
   control(rank_).arrived.store(sequence, std::memory_order_release);
   announce();
   wait_for_all(true, sequence, collective);
+  // Gloo refuses tensors that differ across ranks; reading another size here would be silent.
+  for (int64_t r = 0; r < size_; ++r) {
+    const int64_t theirs = control(r).brought[sequence % kBuffers];
+    if (theirs != brought) {
+      end(sequence);  // every rank sees the difference and raises: the sequence stays agreed
+      TORCH_CHECK(false, "shardtorch: ", collective, " on group '", group_name_, "': rank ", r,
+                  " of the group brought ", theirs / 256, " bytes of ",
+                  c10::toString(static_cast<c10::ScalarType>(theirs % 256)), ", this rank (", rank_,
+                  ") ", bytes, " bytes of ", c10::toString(input.scalar_type()),
+                  " (every rank must bring the same size and dtype)");
+    }
+  }
   return sequence;
 }
 

@@ -111,6 +111,16 @@ def case_small_collectives_go_through_shared_memory_exactly():
                 assert torch.equal(result["gathered"], everyone), where
                 # (A gather along dim 0 first exchanges the shards' sizes: a small collective.)
                 assert (used == {"shm"}) if numel <= slot else ("gloo" in used), (where, used)
+        # Tensors that differ across ranks: every rank raises, naming what each brought (Gloo refuses
+        # them too), and the group goes on.
+        for mine in (torch.ones(4 + rank, dtype=torch.float64),
+                     torch.ones(4, dtype=torch.float64 if rank == 0 else torch.float32)):
+            try:
+                ts.distributed.reduce(mine)
+                raise AssertionError(f"an all-reduce of {mine.dtype} x {mine.numel()} on rank {rank} passed")
+            except RuntimeError as e:
+                assert "every rank must bring the same size and dtype" in str(e), e
+        assert torch.equal(ts.distributed.reduce(torch.ones(3)), torch.full((3,), float(world)))
         # Many in a row (the double buffer's reuse): each one's own sum.
         for step in range(50):
             total = ts.distributed.reduce(torch.full((8,), float(rank + step), dtype=torch.float64))
