@@ -44,6 +44,12 @@ class CMakeExtension(Extension):
 
 
 class CMakeBuild(build_ext):
+    def run(self):
+        # setuptools clears self.inplace while it builds (it copies the module into the source tree
+        # afterwards, but not lib/): remember it, so that an in-place build installs in place.
+        self.in_source = bool(self.inplace) or bool(getattr(self, "editable_mode", False))
+        super().run()
+
     def build_extension(self, ext):
         require_torch()
         import pybind11
@@ -52,8 +58,8 @@ class CMakeBuild(build_ext):
         cmake, _ = find_cmake()
 
         # The package directory that receives _C, lib/, include/ and the CMake
-        # config (in place for editable installs).
-        if self.inplace or getattr(self, "editable_mode", False):
+        # config (in place for editable installs and build_ext --inplace).
+        if getattr(self, "in_source", False) or self.inplace or getattr(self, "editable_mode", False):
             package_dir = os.path.join(ROOT, "shardtorch")
         else:
             package_dir = os.path.dirname(os.path.abspath(self.get_ext_fullpath(ext.name)))
@@ -68,7 +74,7 @@ class CMakeBuild(build_ext):
             f"-DCMAKE_BUILD_TYPE={os.environ.get('SHARDTORCH_BUILD_TYPE', 'Release')}",
             f"-DCMAKE_INSTALL_PREFIX={package_dir}",
             f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path};{pybind11.get_cmake_dir()}",
-            f"-DPython3_EXECUTABLE={sys.executable}",
+            f"-DPython_EXECUTABLE={sys.executable}",
             f"-DSHARDTORCH_CUDA={_flag('SHARDTORCH_CUDA', 'auto')}",
             f"-DSHARDTORCH_CUDA_ARCH={os.environ.get('SHARDTORCH_CUDA_ARCH', '9.0')}",
             f"-DSHARDTORCH_TORCH_HAS_CUDA={'ON' if torch.version.cuda else 'OFF'}",

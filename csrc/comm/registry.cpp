@@ -66,12 +66,28 @@ std::chrono::milliseconds process_group_timeout(c10d::ProcessGroup& group,
   return fallback;
 }
 
+// Whether the group has a backend for CPU tensors. torch 2.11 has no
+// hasBackendForDeviceType; there, getBackend raises for a device type without one.
+// (A template, so that the branch a torch version lacks is never instantiated.)
+template <typename Group>
+bool has_cpu_backend(Group& group) {
+  if constexpr (requires { group.hasBackendForDeviceType(c10::kCPU); }) {
+    return group.hasBackendForDeviceType(c10::kCPU);
+  } else {
+    try {
+      return group.getBackend(c10::kCPU) != nullptr;
+    } catch (const std::exception&) {
+      return false;
+    }
+  }
+}
+
 // CPU tensors go through the process group's own CPU backend; a group that has
 // none (torch.distributed started with backend="nccl") cannot move them.
 std::shared_ptr<Communicator> make_cpu_communicator(const GroupInfo& info, const char* op) {
   TORCH_CHECK(
-      info.process_group->hasBackendForDeviceType(c10::DeviceType::CPU), op, ": group '",
-      info.layout.name, "' has no backend for CPU tensors (its process group's ", "backend is '",
+      has_cpu_backend(*info.process_group), op, ": group '", info.layout.name,
+      "' has no backend for CPU tensors (its process group's ", "backend is '",
       info.process_group->getBackendName(),
       "'); CPU tensors need a CPU backend: start torch.distributed with backend "
       "\"cpu:gloo,cuda:nccl\" or \"gloo\", or let shardtorch.distributed.init_process_group "
@@ -168,7 +184,7 @@ std::chrono::milliseconds group_timeout(const std::string& name, const char* op)
 bool group_has_cpu_backend(const std::string& name, const char* op) {
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  return find_entry(r, name, op).info.process_group->hasBackendForDeviceType(c10::kCPU);
+  return has_cpu_backend(*find_entry(r, name, op).info.process_group);
 }
 
 std::shared_ptr<Communicator> communicator_for(const std::string& name, const c10::Device& device,

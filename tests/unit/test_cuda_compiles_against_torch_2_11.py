@@ -1,5 +1,6 @@
-"""The CUDA sources compile against torch 2.11.0's headers (the torch of the GPU machine,
-where the extension must be built in place), on a machine without a GPU.
+"""The CUDA sources, and the sources that use torch's distributed API (c10d), compile against
+torch 2.11.0's headers (the torch of the GPU machine, where the extension must be built in place),
+on a machine without a GPU.
 
 torch 2.11.0+cu130's wheel is downloaded once into ~/.cache/shardtorch/wheels and only its
 headers are unpacked (never installed); NCCL and cuBLAS headers come from the nvidia-* wheels
@@ -39,6 +40,9 @@ GENERATED_DIR = os.path.join(CACHE, f"torch-{TORCH_VERSION}-check", "include")
 # The CUDA part's sources (CMakeLists.txt's SHARDTORCH_CUDA_SOURCES); the test below checks the list.
 CUDA_CPP_SOURCES = ["csrc/comm/nccl_communicator.cpp", "csrc/ops/cuda/cublaslt_gemm.cpp",
                     "csrc/ops/cuda/parallel_linear_cuda.cpp"]
+# The unity groups (CMakeLists.txt) holding the users of torch's distributed API (c10d), which changes
+# between torch versions more than ATen's: each is compiled as the build compiles it, one unit.
+C10D_GROUPS = ["SHARDTORCH_COMM_SOURCES", "SHARDTORCH_API_SOURCES"]
 # The definitions torch's CMake config and CMakeLists.txt give every source of the CUDA build.
 DEFINES = ["-DSHARDTORCH_WITH_CUDA=1", "-DUSE_C10D_NCCL", "-DUSE_DISTRIBUTED", "-DUSE_C10D_GLOO"]
 
@@ -77,13 +81,35 @@ BUILD_INFO = ("#pragma once\nnamespace shardtorch {\nconstexpr bool kBuiltWithCu
 
 
 def generated_include():
-    """The folder holding shardtorch/build_info.h as CMake generates it (written when it differs)."""
+    """The folder CMake makes include/ of the build tree: shardtorch/build_info.h (written when it
+    differs) and the public headers' folders, links to csrc/ (<shardtorch/nn/init.h>)."""
     path = os.path.join(GENERATED_DIR, "shardtorch", "build_info.h")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     if not os.path.exists(path) or open(path).read() != BUILD_INFO:
         with open(path, "w") as f:
             f.write(BUILD_INFO)
+    for name, target in [(folder, os.path.join("csrc", folder)) for folder in ("distributed", "nn", "ops", "topology")] + [
+            ("shardtorch.h", os.path.join("csrc", "shardtorch", "shardtorch.h"))]:
+        link, target = os.path.join(GENERATED_DIR, "shardtorch", name), os.path.join(REPO, target)
+        if os.path.islink(link) and os.readlink(link) != target:
+            os.remove(link)
+        if not os.path.islink(link):
+            os.symlink(target, link)
     return GENERATED_DIR
+
+
+def unity_sources():
+    """{group: path of a unit including its sources}, written at a fixed place (ccache's key)."""
+    cmake = open(os.path.join(REPO, "CMakeLists.txt")).read()
+    units = {}
+    for group in C10D_GROUPS:
+        path = os.path.join(os.path.dirname(GENERATED_DIR), f"unity_{group.lower()}.cpp")
+        text = "".join(f'#include "{os.path.join(REPO, src)}"\n' for src in _cmake_list(cmake, group))
+        if not os.path.exists(path) or open(path).read() != text:
+            with open(path, "w") as f:
+                f.write(text)
+        units[group] = path
+    return units
 
 
 def compile_commands(torch_include, work_dir, nvcc):
@@ -105,12 +131,15 @@ def compile_commands(torch_include, work_dir, nvcc):
     commands.update({src: ["g++", "-std=gnu++20", "-O0", "-Wall", "-Wno-unused-parameter"] + flags
                 + ["-c", os.path.join(REPO, src), "-o", os.path.join(work_dir, os.path.basename(src) + ".o")]
                 for src in CUDA_CPP_SOURCES})
+    commands.update({group: ["g++", "-std=gnu++20", "-O0", "-Wall", "-Wno-unused-parameter"] + flags
+                     + ["-c", unit, "-o", os.path.join(work_dir, group + ".o")]
+                     for group, unit in unity_sources().items()})
     launcher = [shutil.which("ccache")] if shutil.which("ccache") else []
     return {src: launcher + command for src, command in commands.items()}
 
 
 def compile_all(torch_include):
-    """{source: (returncode, output, seconds)} for every CUDA source."""
+    """{source: (returncode, output, seconds)} for every CUDA source and c10d group."""
     nvcc = nvcc_path()
     with tempfile.TemporaryDirectory(prefix="shardtorch-torch211-") as work_dir:
         commands = compile_commands(torch_include, work_dir, nvcc)
