@@ -152,7 +152,9 @@ def compile_all(torch_include):
             done = subprocess.run(item[1], capture_output=True, text=True, cwd=REPO, env=env)
             return item[0], (done.returncode, done.stdout + done.stderr, time.monotonic() - start)
 
-        with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        # SHARDTORCH_JOBS as for the build: scripts/test.sh runs this beside the suite on one core.
+        jobs = int(os.environ.get("SHARDTORCH_JOBS") or os.cpu_count() or 1)
+        with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
             return dict(pool.map(run, commands.items()))
 
 
