@@ -19,7 +19,14 @@ the parameters' shard facts. DCP then saves each piece once, under its offsets,
 and loads any group size's pieces from any other's: resharding is DCP's own.
 With an older torch the attributes are set and ignored; ``ts.checkpoint.save_dcp``
 works there (it describes the same pieces as ShardedTensors).
+
+Under ``get_state_dict(..., options=StateDictOptions(full_state_dict=True))``
+torch gathers DTensors and ShardedTensors but keeps a plain tensor as it is:
+there the hooks put each shard's whole tensor in its place instead (gathered
+over its group, every rank taking the state dict as torch requires), so that
+the "full" state dict is the unsharded model's and not a set of shards.
 """
+import sys
 import weakref
 from typing import List, Optional, Sequence, Tuple
 
@@ -84,8 +91,51 @@ def _place(tensor: torch.Tensor, spec) -> Optional[tuple]:
     return tuple(full), spec.dim, pieces
 
 
+_FULL_STATE_DICT_CALLERS = ("_get_model_state_dict", "_get_optim_state_dict")
+
+
+def _full_state_dict_requested() -> bool:
+    """Whether this state_dict() call comes from torch's get_state_dict (or its model / optimizer
+    halves) with full_state_dict=True: the caller's frame holds the options as ``info``."""
+    frame = sys._getframe(2)
+    for _ in range(64):  # the hooks run at the bottom of state_dict()'s recursion into submodules
+        if frame is None:
+            return False
+        if (frame.f_code.co_name in _FULL_STATE_DICT_CALLERS
+                and frame.f_globals.get("__name__") == "torch.distributed.checkpoint.state_dict"):
+            return bool(getattr(frame.f_locals.get("info"), "full_state_dict", False))
+        frame = frame.f_back
+    return False
+
+
+def _whole(tensor: torch.Tensor, spec, place: tuple) -> torch.Tensor:
+    """The whole tensor of which ``tensor`` is this rank's shard, on every rank of its group: each
+    rank's pieces broadcast by their holder (a collective: every rank calls it for the same entries)."""
+    import torch.distributed as dist
+    from ..distributed import state
+    full_shape, dim, _ = place
+    size, members = state.get_group_size(spec.group), state.get_group_ranks(spec.group)
+    me, process_group = state.get_group_rank(spec.group), state.get_group(spec.group)
+    whole = torch.empty(full_shape, dtype=tensor.dtype, device=tensor.device)
+    for group_rank, peer in enumerate(members):
+        pieces = spec.pieces(spec.full_size, size, group_rank)
+        shape = list(full_shape)
+        shape[dim] = sum(length for _, length in pieces)
+        if shape[dim] == 0:
+            continue
+        held = tensor.detach().contiguous() if group_rank == me else torch.empty(
+            shape, dtype=tensor.dtype, device=tensor.device)
+        dist.broadcast(held, peer, group=process_group)
+        at = 0
+        for offset, length in pieces:
+            whole.narrow(dim, offset, length).copy_(held.narrow(dim, at, length))
+            at += length
+    return whole
+
+
 def _mark_module_entries(module, state_dict, prefix, local_metadata) -> None:
     from .shard_facts import registered_shards
+    full = None
     for name, spec in registered_shards(module).items():
         param = module._parameters.get(name)
         if param is not None:
@@ -93,12 +143,18 @@ def _mark_module_entries(module, state_dict, prefix, local_metadata) -> None:
         entry = state_dict.get(prefix + name)
         if isinstance(entry, torch.Tensor):
             place = _place(entry, spec)
-            if place is not None:
+            if place is None:
+                continue
+            full = _full_state_dict_requested() if full is None else full
+            if full:
+                state_dict[prefix + name] = _whole(entry, spec, place)
+            else:
                 mark(entry, *place)
 
 
 def _mark_optimizer_state(optimizer, state_dict) -> None:
     params = [p for group in optimizer.param_groups for p in group["params"]]
+    full = None
     for index, values in (state_dict.get("state") or {}).items():
         # ZeroRedundancyOptimizer's consolidated state holds None for what it did not gather.
         if not isinstance(index, int) or index >= len(params) or not isinstance(values, dict):
@@ -110,9 +166,63 @@ def _mark_optimizer_state(optimizer, state_dict) -> None:
         place = _place(param, spec)
         if place is None:
             continue
+        full = _full_state_dict_requested() if full is None else full
+        if full:
+            # A new dict: torch's state_dict() hands out the optimizer's own state dicts.
+            state_dict["state"][index] = {
+                key: _whole(value, spec, place) if _is_state_of(value, param) else value
+                for key, value in values.items()}
+            continue
         for value in values.values():
-            if isinstance(value, torch.Tensor) and tuple(value.shape) == tuple(param.shape):
+            if _is_state_of(value, param):
                 mark(value, *place)
+
+
+def _is_state_of(value, param) -> bool:
+    """Whether an optimizer state value is shaped as its parameter (momentum, Adam's moments)."""
+    return isinstance(value, torch.Tensor) and tuple(value.shape) == tuple(param.shape)
+
+
+def _local(whole: torch.Tensor, place: tuple) -> torch.Tensor:
+    """This rank's pieces of ``whole``, in the order its shard holds them."""
+    _, dim, pieces = place
+    return torch.cat([whole.narrow(dim, offset, length) for offset, length in pieces], dim)
+
+
+def _is_whole_of(value, shard: torch.Tensor, place: tuple) -> bool:
+    """Whether a value given for ``shard`` is its whole tensor (not a shard of it)."""
+    return (isinstance(value, torch.Tensor) and tuple(value.shape) == tuple(place[0])
+            and tuple(value.shape) != tuple(shard.shape))
+
+
+def _take_pieces_of_module_entries(module, state_dict, prefix, *args) -> None:
+    """load_state_dict of a whole tensor where this rank holds a shard (torch's set_state_dict with
+    full_state_dict=True gives whole tensors): this rank's pieces are taken from it."""
+    from .shard_facts import registered_shards
+    for name, spec in registered_shards(module).items():
+        shard = module._parameters.get(name)
+        if shard is None:
+            shard = module._buffers.get(name)
+        if shard is None or (prefix + name) not in state_dict:
+            continue
+        place = _place(shard, spec)
+        if place is not None and _is_whole_of(state_dict[prefix + name], shard, place):
+            state_dict[prefix + name] = _local(state_dict[prefix + name], place)
+
+
+def _take_pieces_of_optimizer_state(optimizer, state_dict):
+    """The same for an optimizer's state: whole momentum or moments given for a shard parameter."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    state = dict(state_dict.get("state") or {})
+    for index, values in state.items():
+        if not isinstance(index, int) or index >= len(params) or not isinstance(values, dict):
+            continue
+        spec = _PARAMETERS.get(params[index])
+        place = _place(params[index], spec) if spec is not None else None
+        if place is not None:
+            state[index] = {key: _local(value, place) if _is_whole_of(value, params[index], place) else value
+                            for key, value in values.items()}
+    return {**state_dict, "state": state}
 
 
 def _on_optimizer_step(optimizer, args, kwargs) -> None:
@@ -120,6 +230,7 @@ def _on_optimizer_step(optimizer, args, kwargs) -> None:
     that are shards when its state dict is taken)."""
     if not getattr(optimizer, _HOOKED, False):
         optimizer.register_state_dict_post_hook(_mark_optimizer_state)
+        optimizer.register_load_state_dict_pre_hook(_take_pieces_of_optimizer_state)
         setattr(optimizer, _HOOKED, True)
 
 
@@ -131,6 +242,7 @@ def track(module: torch.nn.Module, name: str, spec) -> None:
         _PARAMETERS[param] = spec
     if not module.__dict__.get(_HOOKED, False):
         module.register_state_dict_post_hook(_mark_module_entries)
+        module.register_load_state_dict_pre_hook(_take_pieces_of_module_entries)
         module.__dict__[_HOOKED] = True
     if not _optimizer_hook_installed:
         from torch.optim.optimizer import register_optimizer_step_post_hook

@@ -337,6 +337,79 @@ def case_dcp_load_with_torch_set_state_dict():
         dist.barrier()
 
 
+def case_torch_full_state_dict_is_the_unsharded_one():
+    """torch's get_state_dict(..., full_state_dict=True) of a parallelized model gives, on every rank, the
+    unsharded model's own: bitwise before any step; after two SGD steps with momentum, the weights and the
+    momentum within 1e-10 of the unsharded model trained alike (whole tensors, not this rank's shards).
+    With AdamW (whose updates turn last-bit gradient differences into larger ones) the full state equals
+    shardtorch's own collect bitwise. Loaded back with set_state_dict(full_state_dict=True) into a
+    parallelized model of another seed, the same full state comes out bitwise."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
+                                                         set_state_dict)
+    full = StateDictOptions(full_state_dict=True)
+
+    def sgd(parameters):
+        return torch.optim.SGD(parameters, lr=1e-2, momentum=0.9)
+
+    def step(model, optimizer, seed):
+        # The loss in float64 on whole logits (transformers' own loss computes in float32).
+        ids = _ids(seed)
+        shifted = F.pad(ids, (0, 1), value=-100)[..., 1:]
+        F.cross_entropy(model(input_ids=ids).logits.reshape(-1, models.VOCAB), shifted.reshape(-1)).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    for name in ("gpt2", "llama"):
+        torch.manual_seed(0)
+        reference = HF[name]().to(F64)
+        torch.manual_seed(0)
+        model = ts.nn.parallelize(HF[name]().to(F64))
+        before, expected = get_model_state_dict(model, options=full), reference.state_dict()
+        assert sorted(before) == sorted(expected), f"{name}: keys {sorted(set(before) ^ set(expected))}"
+        for key, value in expected.items():
+            assert before[key].shape == value.shape and torch.equal(before[key], value), f"{name}: {key} before steps"
+        optimizer, reference_optimizer = sgd(model.parameters()), sgd(reference.parameters())
+        for seed in range(2):
+            step(model, optimizer, seed)
+            step(reference, reference_optimizer, seed)
+        model_state, optimizer_state = get_state_dict(model, optimizer, options=full)
+        expected_model, expected_optimizer = get_state_dict(reference, reference_optimizer)
+        for key, value in expected_model.items():
+            _assert_within(model_state[key], value, 1e-10, f"{name}: {key} after two steps")
+        assert sorted(optimizer_state["state"]) == sorted(expected_optimizer["state"]), name
+        for key, values in expected_optimizer["state"].items():
+            momentum = optimizer_state["state"][key]["momentum_buffer"]
+            assert momentum.shape == values["momentum_buffer"].shape, f"{name}: {key} momentum's shape"
+            _assert_within(momentum, values["momentum_buffer"], 1e-10, f"{name}: {key} momentum")
+        # AdamW's state (two moments and a step count per parameter) against the collected state.
+        adamw = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        _dcp_step(model, adamw, 3)
+        model_state, optimizer_state = get_state_dict(model, adamw, options=full)
+        collected = ts.collect_state_dict(model, model.state_dict())
+        collected_optimizer = ts.collect_optimizer_state_dict(model, adamw, fqn_keys=True)
+        for key, value in collected.items():
+            assert torch.equal(model_state[key], value), f"{name}: {key} against collect"
+        assert sorted(optimizer_state["state"]) == sorted(collected_optimizer["state"]), name
+        for key, values in collected_optimizer["state"].items():
+            for what, value in values.items():
+                assert torch.equal(torch.as_tensor(optimizer_state["state"][key][what]), torch.as_tensor(value)), \
+                    f"{name}: AdamW {key}/{what} against collect"
+        # Back in: another seed's parallelized model and optimizer take the full state.
+        torch.manual_seed(7)
+        other = ts.nn.parallelize(HF[name]().to(F64))
+        other_optimizer = torch.optim.AdamW(other.parameters(), lr=1e-2)
+        _dcp_step(other, other_optimizer, 5)
+        set_state_dict(other, other_optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state,
+                       options=full)
+        again_model, again_optimizer = get_state_dict(other, other_optimizer, options=full)
+        for key, value in model_state.items():
+            assert torch.equal(again_model[key], value), f"{name}: {key} after set_state_dict"
+        for key, values in optimizer_state["state"].items():
+            for what, value in values.items():
+                assert torch.equal(torch.as_tensor(again_optimizer["state"][key][what]), torch.as_tensor(value)), \
+                    f"{name}: optimizer {key}/{what} after set_state_dict"
+
+
 def _vm_data_bytes():
     with open("/proc/self/status") as f:
         for line in f:

@@ -18,7 +18,8 @@ PHASES = {
         "case_bad_checkpoints_raise_on_every_rank_before_reading", "case_save_pretrained_writes_the_unsharded_checkpoint",
         "case_dcp_save_with_torch_get_state_dict"]),
     "load4": (4, 4, LATER + ["case_a_model_larger_than_the_memory_limit_loads_and_trains"]),
-    "load3": (3, 3, LATER + ANY_SIZE + ["case_every_zoo_architecture_loads_and_draws_exactly"]),
+    "load3": (3, 3, LATER + ANY_SIZE + ["case_every_zoo_architecture_loads_and_draws_exactly",
+                                        "case_torch_full_state_dict_is_the_unsharded_one"]),
 }
 
 
