@@ -94,18 +94,56 @@ def _place(tensor: torch.Tensor, spec) -> Optional[tuple]:
 _FULL_STATE_DICT_CALLERS = ("_get_model_state_dict", "_get_optim_state_dict")
 
 
-def _full_state_dict_requested() -> bool:
-    """Whether this state_dict() call comes from torch's get_state_dict (or its model / optimizer
-    halves) with full_state_dict=True: the caller's frame holds the options as ``info``."""
+def _torch_get_state_dict_options():
+    """The options of torch's get_state_dict (or its model / optimizer halves) when this state_dict()
+    call comes from it (the caller's frame holds them as ``info``), else None."""
     frame = sys._getframe(2)
     for _ in range(64):  # the hooks run at the bottom of state_dict()'s recursion into submodules
         if frame is None:
-            return False
+            return None
         if (frame.f_code.co_name in _FULL_STATE_DICT_CALLERS
                 and frame.f_globals.get("__name__") == "torch.distributed.checkpoint.state_dict"):
-            return bool(getattr(frame.f_locals.get("info"), "full_state_dict", False))
+            return frame.f_locals.get("info")
         frame = frame.f_back
-    return False
+    return None
+
+
+def _full_state_dict_requested() -> bool:
+    return bool(getattr(_torch_get_state_dict_options(), "full_state_dict", False))
+
+
+_warned_under_fully_shard = False
+
+
+def _refuse_under_fully_shard(key: str, tensor, spec) -> None:
+    """torch's get_state_dict of a tensor-parallel shard that fully_shard made a DTensor: that DTensor
+    describes the shard as the whole tensor over the data-parallel mesh, so torch's full state dict (or
+    dcp.save of its state dict) would hold one tensor-parallel rank's shard as the whole. The full state
+    dict raises, on every rank before any collective; the sharded one (which ts.collect_state_dict and
+    ts.collect_optimizer_state_dict read rightly) warns once that dcp.save of it would lose shards."""
+    global _warned_under_fully_shard
+    from ..distributed import state
+    from .fsdp_detection import is_dtensor
+    if not is_dtensor(tensor) or state.get_group_size(spec.group) == 1:
+        return
+    options = _torch_get_state_dict_options()
+    if options is None:
+        return
+    what = (f"{key!r} is a shard over tensor-parallel group {spec.group!r} ({state.get_group_size(spec.group)} "
+            "ranks) that fully_shard made a DTensor over the data-parallel mesh only")
+    if getattr(options, "full_state_dict", False):
+        raise NotImplementedError(
+            f"shardtorch: torch's get_state_dict(full_state_dict=True) cannot gather {what}: it would return one "
+            "tensor-parallel rank's shard as the whole tensor; use ts.collect_state_dict / "
+            "ts.collect_optimizer_state_dict (fqn_keys=True gives torch's keys)")
+    if not _warned_under_fully_shard:
+        _warned_under_fully_shard = True
+        import warnings
+        warnings.warn(
+            f"shardtorch: in torch's get_state_dict, {what}: dcp.save of this state dict would keep one "
+            "tensor-parallel rank's shard as the whole tensor. Save with ts.checkpoint.save_dcp / load_dcp (or "
+            "ts.save_sharded); ts.collect_state_dict / collect_optimizer_state_dict(state_dict=...) read it rightly",
+            stacklevel=3)
 
 
 def _whole(tensor: torch.Tensor, spec, place: tuple) -> torch.Tensor:
@@ -142,6 +180,7 @@ def _mark_module_entries(module, state_dict, prefix, local_metadata) -> None:
             _PARAMETERS[param] = spec
         entry = state_dict.get(prefix + name)
         if isinstance(entry, torch.Tensor):
+            _refuse_under_fully_shard(prefix + name, entry, spec)
             place = _place(entry, spec)
             if place is None:
                 continue
@@ -163,6 +202,7 @@ def _mark_optimizer_state(optimizer, state_dict) -> None:
         spec = _PARAMETERS.get(param)
         if spec is None:
             continue
+        _refuse_under_fully_shard(f"the optimizer state of parameter {index}", param, spec)
         place = _place(param, spec)
         if place is None:
             continue

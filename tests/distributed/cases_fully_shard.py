@@ -406,6 +406,31 @@ def case_a_shard_fully_sharded_over_other_shards_is_refused():
                      "the data-parallel group", exception=ValueError)
 
 
+def case_torch_get_state_dict_of_tensor_parallel_shards_says_what_to_do():
+    """Under fully_shard a tensor-parallel shard is a DTensor over the data-parallel mesh only, which
+    describes the shard as the whole tensor: torch's full state dict of it raises on every rank,
+    naming collect, and its sharded state dict warns that dcp.save of it would lose shards."""
+    import warnings
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
+    from shardtorch.utils import dcp_marks
+    model = fsdp_model("2d")
+    optimizer = _make_optimizer("adam", model.parameters())
+    sharded_step(model, optimizer, "2d", 0)
+    expect_error(lambda: get_model_state_dict(model, options=StateDictOptions(full_state_dict=True)),
+                 "get_state_dict(full_state_dict=True) cannot gather 'head.up.weight'", "group 'tp' (2 ranks)",
+                 "ts.collect_state_dict", exception=NotImplementedError)
+    dcp_marks._warned_under_fully_shard = False  # once per process: another case may have taken it
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model_state, _ = get_state_dict(model, optimizer)
+    messages = [str(w.message) for w in caught]
+    assert any("dcp.save of this state dict would keep one tensor-parallel rank's shard" in m for m in messages), \
+        messages
+    # What the warning points to reads the same state dict rightly.
+    collected = ts.collect_state_dict(model, model_state)
+    assert torch.equal(collected["head.up.weight"], ts.collect_state_dict(model, model.state_dict())["head.up.weight"])
+
+
 def case_fused_loss_on_a_head_torch_sharded_alone_says_what_to_do():
     model = build(True, cls=FusedNet)
     dp = ts.distributed.device_mesh("cpu")["dp"]
