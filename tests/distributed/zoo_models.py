@@ -137,6 +137,10 @@ ZOO = {
     "mixtral": (_hf("MixtralForCausalLM", "MixtralConfig", **dict(_decoder(
         num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
         output_router_logits=True, experts_implementation="eager"), intermediate_size=40)), "causal"),
+    # c_attn laid out by head under GPT-2's name (without multi-query).
+    "gpt_bigcode": (_hf("GPTBigCodeForCausalLM", "GPTBigCodeConfig", vocab_size=VOCAB, n_positions=32, n_embd=48,
+                        n_layer=2, n_head=4, multi_query=False, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
+                    "causal"),
     "distilbert": (_hf("DistilBertForMaskedLM", "DistilBertConfig", vocab_size=VOCAB, dim=48, n_layers=2, n_heads=4,
                        hidden_dim=80, dropout=0.0, attention_dropout=0.0, max_position_embeddings=32,
                        pad_token_id=0), "masked"),

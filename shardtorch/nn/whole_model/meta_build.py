@@ -2,9 +2,9 @@
 
 ``build_recorded(factory)`` runs the model's own construction (its modules'
 ``reset_parameters``, Hugging Face's ``post_init`` / ``_init_weights``) with
-every tensor created from a size (``empty``, ``zeros``, ``ones``, ``full``,
-``rand``, ``randn`` and their ``new_`` / ``_like`` forms: every parameter of
-torch's and transformers' layers) on the meta device: such tensors hold no
+every floating-point tensor created from a size (``empty``, ``zeros``, ``ones``,
+``full``, ``rand``, ``randn`` and their ``new_`` / ``_like`` forms: every parameter
+of torch's and transformers' layers) on the meta device: such tensors hold no
 memory, and every write into them (``normal_``, ``uniform_``, ``zero_``,
 ``fill_``, ``copy_`` from a real tensor, ...) is recorded in order with the
 state of the random generator it would draw from. Tensors computed from real
@@ -103,6 +103,17 @@ def _is_factory(func) -> bool:
     return packet in _SIZED_FACTORIES or packet in _NEW_FACTORIES or packet in _LIKE_FACTORIES
 
 
+def _creates_floating(func, args, kwargs) -> bool:
+    """Whether a factory makes a floating-point tensor. Others (boolean masks, integer ids: GPTBigCode's
+    causal mask, BERT's token type ids) stay real: no parameter is one, and a buffer computed from them
+    (``tril`` of ``ones``) exists only whole, which every rank holds anyway."""
+    dtype = kwargs.get("dtype")
+    if dtype is None:
+        source = args[0] if func.overloadpacket in _NEW_FACTORIES or func.overloadpacket in _LIKE_FACTORIES else None
+        dtype = source.dtype if isinstance(source, torch.Tensor) else torch.get_default_dtype()
+    return dtype.is_floating_point or dtype.is_complex
+
+
 def _generator_of(kwargs) -> Optional[torch.Generator]:
     generator = kwargs.get("generator")
     return generator if isinstance(generator, torch.Generator) else None
@@ -126,7 +137,7 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
-        factory = _is_factory(func)
+        factory = _is_factory(func) and _creates_floating(func, args, kwargs)
         if factory:
             kwargs["device"] = torch.device("meta")
         for tensor in _written_tensors(func, args, kwargs):

@@ -5,7 +5,8 @@ Laid out by part, [query | key | value] (``c_attn``: GPT-2's Conv1D;
 than its key/value parts under grouped-query attention): ``FusedByPart``.
 
 Laid out by head, [heads, (query, key, value), head_dim] (``query_key_value``:
-GPT-NeoX, Bloom, Falcon; Megatron's order): ``FusedByHead``. Falcon's
+GPT-NeoX, Bloom, Falcon; Megatron's order; GPTBigCode's ``c_attn`` without
+multi-query, known by its class): ``FusedByHead``. Falcon's
 multi-query variant puts its one key and one value head after all the query
 heads, and its grouped variant (``new_decoder_architecture``) lays out each
 key/value group as [its query heads, key, value].
@@ -25,6 +26,14 @@ from .heads import (HEAD_COUNTS, KV_HEAD_COUNTS, GROUP_COUNTS, HeadSplit, apply_
 
 _BY_PART = (("c_attn", "c_proj"), ("qkv", "proj"), ("qkv_proj", "o_proj"))
 _BY_HEAD = (("query_key_value", "dense"),)
+# Attention classes whose c_attn, named as GPT-2's, is laid out by head: [heads, (query, key, value),
+# head_dim] (GPTBigCode without multi-query: its forward views it as [heads, 3 x head_dim]). Names
+# cannot show a fused layout, which is the forward's; these are known by class.
+_C_ATTN_BY_HEAD = ("GPTBigCodeAttention",)
+
+
+def _c_attn_by_head(m) -> bool:
+    return type(m).__name__ in _C_ATTN_BY_HEAD and not getattr(m, "multi_query", False)
 
 # The position bias table a window attention keeps per head (Swin: [(2W-1)^2, heads]).
 _HEAD_TABLES = ("relative_position_bias_table",)
@@ -126,6 +135,8 @@ class FusedByPart(_Fused):
         names = _names(m, _BY_PART)
         if names is None or getattr(m, "is_cross_attention", False) or getattr(m, "gate", None) is not None:
             return None
+        if _c_attn_by_head(m):
+            return None  # FusedByHead's
         (_, width), (out_in, _) = _sizes(m, names[0]), _sizes(m, names[1])
         counts = _counts(m, width, 3)
         if counts is None:
@@ -158,11 +169,14 @@ class FusedByPart(_Fused):
 
 
 class FusedByHead(_Fused):
-    """[heads, (query, key, value), head_dim] in ``query_key_value`` (GPT-NeoX, Bloom, Falcon), and
-    Falcon's multi-query and grouped variants (its ``multi_query`` and ``new_decoder_architecture``)."""
+    """[heads, (query, key, value), head_dim] in ``query_key_value`` (GPT-NeoX, Bloom, Falcon) or GPTBigCode's
+    ``c_attn``, and Falcon's multi-query and grouped variants (its ``multi_query`` and
+    ``new_decoder_architecture``)."""
 
     def fit(self, m):
         names = _names(m, _BY_HEAD)
+        if names is None and _c_attn_by_head(m) and not getattr(m, "is_cross_attention", False):
+            names = _names(m, (("c_attn", "c_proj"),))
         if names is None:
             return None
         (_, width), (out_in, _) = _sizes(m, names[0]), _sizes(m, names[1])
