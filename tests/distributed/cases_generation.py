@@ -114,6 +114,23 @@ def case_greedy_and_beam_search_equal_the_unsharded_model():
                     assert worst <= 1e-10, (name, options, worst)
 
 
+def case_generate_reads_whole_logits_also_when_the_model_keeps_shards():
+    """A model parallelized with logits="sharded" (training loops that read only the parallel loss)
+    generates the unsharded model's tokens, greedy and sampled: generate gathers the logits it picks
+    from; outside generate its logits stay this rank's shard."""
+    from shardtorch.utils.shards import shard_range
+    for name in ("gpt2", "llama"):
+        reference, model = _pair(CAUSAL[name], logits="sharded")
+        for options in (dict(do_sample=False), dict(do_sample=True, top_k=20)):
+            expected, got = _generate_both(reference, model, seed=6, **options)
+            assert torch.equal(got.sequences, expected.sequences), (name, options)
+            _same_on_every_rank(got.sequences)
+        lo, hi = shard_range(models.VOCAB, dist.get_world_size(), dist.get_rank())
+        with torch.no_grad():
+            logits = model(input_ids=_prompts()).logits
+        assert logits.shape[-1] == hi - lo, (name, tuple(logits.shape))
+
+
 def case_sampling_is_the_same_on_every_rank_and_the_unsharded_models():
     for name in ("gpt2", "llama_kv1"):
         reference, model = _pair(CAUSAL[name])

@@ -118,8 +118,8 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
     head = _parallel_head(model)
     loss = install_loss(model, head, group) if head is not None else None
     vocabulary_head = head or _vocabulary_head(model, placements)
-    if vocabulary_head is not None and logits == "whole":
-        gather_output_logits(model, vocabulary_head.weight.shape[0], vocabulary_head.out_features, group)
+    if vocabulary_head is not None:  # "sharded": whole only inside generate
+        gather_output_logits(model, vocabulary_head.weight.shape[0], vocabulary_head.out_features, group, logits)
     whole = left_whole(model)
     warned = [describe(entry) for entry in whole if entry[2] in WARNED]
     if warned:

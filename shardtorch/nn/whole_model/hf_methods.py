@@ -9,7 +9,8 @@
   the same random state: each rank computes the whole logits and picks its
   own next token, so ranks given different inputs would go on with different
   sequences (and different cache lengths) in silence. Then it is
-  transformers' own ``generate``.
+  transformers' own ``generate``, on whole logits also when the model was
+  parallelized with ``logits="sharded"`` (generate picks tokens from them).
 
 ``parallelize`` gives the model a subclass of its class (as FSDP2's
 ``fully_shard`` does) with these methods, named after the class
@@ -104,9 +105,11 @@ def _check_same_generation(model, args, kwargs) -> None:
 
 def _generate(self, *args, **kwargs):
     """transformers' generate, after checking that every rank of the group was given the same prompts,
-    settings and (sampling) random state."""
+    settings and (sampling) random state, on whole logits in either logits mode."""
     _check_same_generation(self, args, kwargs)
-    return type(self)._shardtorch_parallel_of.generate(self, *args, **kwargs)
+    from .logits import generating
+    with generating(self):  # whole logits to pick tokens from, also under logits="sharded"
+        return type(self)._shardtorch_parallel_of.generate(self, *args, **kwargs)
 
 
 _GROUP = "_shardtorch_tensor_parallel_group"
