@@ -20,17 +20,18 @@ and loads any group size's pieces from any other's: resharding is DCP's own.
 With an older torch the attributes are set and ignored; ``ts.checkpoint.save_dcp``
 works there (it describes the same pieces as ShardedTensors).
 
-Under ``get_state_dict(..., options=StateDictOptions(full_state_dict=True))``
-torch gathers DTensors and ShardedTensors but keeps a plain tensor as it is:
-there the hooks put each shard's whole tensor in its place instead (gathered
-over its group, every rank taking the state dict as torch requires), so that
-the "full" state dict is the unsharded model's and not a set of shards.
+Under torch's ``full_state_dict=True`` the same hooks put whole tensors in the
+state dict, and take this rank's pieces of whole tensors on load
+(torch_state_dict.py).
 """
-import sys
 import weakref
 from typing import List, Optional, Sequence, Tuple
 
 import torch
+
+from .torch_state_dict import (full_state_dict_requested, gather_whole, is_whole_of, local_pieces,
+                               refuse_under_fully_shard)
+
 
 class _ByIdentity:
     """{tensor: value} by identity, holding the tensors weakly (a tensor's == is element-wise, so
@@ -91,86 +92,6 @@ def _place(tensor: torch.Tensor, spec) -> Optional[tuple]:
     return tuple(full), spec.dim, pieces
 
 
-_FULL_STATE_DICT_CALLERS = ("_get_model_state_dict", "_get_optim_state_dict")
-
-
-def _torch_get_state_dict_options():
-    """The options of torch's get_state_dict (or its model / optimizer halves) when this state_dict()
-    call comes from it (the caller's frame holds them as ``info``), else None."""
-    frame = sys._getframe(2)
-    for _ in range(64):  # the hooks run at the bottom of state_dict()'s recursion into submodules
-        if frame is None:
-            return None
-        if (frame.f_code.co_name in _FULL_STATE_DICT_CALLERS
-                and frame.f_globals.get("__name__") == "torch.distributed.checkpoint.state_dict"):
-            return frame.f_locals.get("info")
-        frame = frame.f_back
-    return None
-
-
-def _full_state_dict_requested() -> bool:
-    return bool(getattr(_torch_get_state_dict_options(), "full_state_dict", False))
-
-
-_warned_under_fully_shard = False
-
-
-def _refuse_under_fully_shard(key: str, tensor, spec) -> None:
-    """torch's get_state_dict of a tensor-parallel shard that fully_shard made a DTensor: that DTensor
-    describes the shard as the whole tensor over the data-parallel mesh, so torch's full state dict (or
-    dcp.save of its state dict) would hold one tensor-parallel rank's shard as the whole. The full state
-    dict raises, on every rank before any collective; the sharded one (which ts.collect_state_dict and
-    ts.collect_optimizer_state_dict read rightly) warns once that dcp.save of it would lose shards."""
-    global _warned_under_fully_shard
-    from ..distributed import state
-    from .fsdp_detection import is_dtensor
-    if not is_dtensor(tensor) or state.get_group_size(spec.group) == 1:
-        return
-    options = _torch_get_state_dict_options()
-    if options is None:
-        return
-    what = (f"{key!r} is a shard over tensor-parallel group {spec.group!r} ({state.get_group_size(spec.group)} "
-            "ranks) that fully_shard made a DTensor over the data-parallel mesh only")
-    if getattr(options, "full_state_dict", False):
-        raise NotImplementedError(
-            f"shardtorch: torch's get_state_dict(full_state_dict=True) cannot gather {what}: it would return one "
-            "tensor-parallel rank's shard as the whole tensor; use ts.collect_state_dict / "
-            "ts.collect_optimizer_state_dict (fqn_keys=True gives torch's keys)")
-    if not _warned_under_fully_shard:
-        _warned_under_fully_shard = True
-        import warnings
-        warnings.warn(
-            f"shardtorch: in torch's get_state_dict, {what}: dcp.save of this state dict would keep one "
-            "tensor-parallel rank's shard as the whole tensor. Save with ts.checkpoint.save_dcp / load_dcp (or "
-            "ts.save_sharded); ts.collect_state_dict / collect_optimizer_state_dict(state_dict=...) read it rightly",
-            stacklevel=3)
-
-
-def _whole(tensor: torch.Tensor, spec, place: tuple) -> torch.Tensor:
-    """The whole tensor of which ``tensor`` is this rank's shard, on every rank of its group: each
-    rank's pieces broadcast by their holder (a collective: every rank calls it for the same entries)."""
-    import torch.distributed as dist
-    from ..distributed import state
-    full_shape, dim, _ = place
-    size, members = state.get_group_size(spec.group), state.get_group_ranks(spec.group)
-    me, process_group = state.get_group_rank(spec.group), state.get_group(spec.group)
-    whole = torch.empty(full_shape, dtype=tensor.dtype, device=tensor.device)
-    for group_rank, peer in enumerate(members):
-        pieces = spec.pieces(spec.full_size, size, group_rank)
-        shape = list(full_shape)
-        shape[dim] = sum(length for _, length in pieces)
-        if shape[dim] == 0:
-            continue
-        held = tensor.detach().contiguous() if group_rank == me else torch.empty(
-            shape, dtype=tensor.dtype, device=tensor.device)
-        dist.broadcast(held, peer, group=process_group)
-        at = 0
-        for offset, length in pieces:
-            whole.narrow(dim, offset, length).copy_(held.narrow(dim, at, length))
-            at += length
-    return whole
-
-
 def _mark_module_entries(module, state_dict, prefix, local_metadata) -> None:
     from .shard_facts import registered_shards
     full = None
@@ -180,13 +101,13 @@ def _mark_module_entries(module, state_dict, prefix, local_metadata) -> None:
             _PARAMETERS[param] = spec
         entry = state_dict.get(prefix + name)
         if isinstance(entry, torch.Tensor):
-            _refuse_under_fully_shard(prefix + name, entry, spec)
+            refuse_under_fully_shard(prefix + name, entry, spec)
             place = _place(entry, spec)
             if place is None:
                 continue
-            full = _full_state_dict_requested() if full is None else full
+            full = full_state_dict_requested() if full is None else full
             if full:
-                state_dict[prefix + name] = _whole(entry, spec, place)
+                state_dict[prefix + name] = gather_whole(entry, spec, place)
             else:
                 mark(entry, *place)
 
@@ -202,15 +123,15 @@ def _mark_optimizer_state(optimizer, state_dict) -> None:
         spec = _PARAMETERS.get(param)
         if spec is None:
             continue
-        _refuse_under_fully_shard(f"the optimizer state of parameter {index}", param, spec)
+        refuse_under_fully_shard(f"the optimizer state of parameter {index}", param, spec)
         place = _place(param, spec)
         if place is None:
             continue
-        full = _full_state_dict_requested() if full is None else full
+        full = full_state_dict_requested() if full is None else full
         if full:
             # A new dict: torch's state_dict() hands out the optimizer's own state dicts.
             state_dict["state"][index] = {
-                key: _whole(value, spec, place) if _is_state_of(value, param) else value
+                key: gather_whole(value, spec, place) if _is_state_of(value, param) else value
                 for key, value in values.items()}
             continue
         for value in values.values():
@@ -221,18 +142,6 @@ def _mark_optimizer_state(optimizer, state_dict) -> None:
 def _is_state_of(value, param) -> bool:
     """Whether an optimizer state value is shaped as its parameter (momentum, Adam's moments)."""
     return isinstance(value, torch.Tensor) and tuple(value.shape) == tuple(param.shape)
-
-
-def _local(whole: torch.Tensor, place: tuple) -> torch.Tensor:
-    """This rank's pieces of ``whole``, in the order its shard holds them."""
-    _, dim, pieces = place
-    return torch.cat([whole.narrow(dim, offset, length) for offset, length in pieces], dim)
-
-
-def _is_whole_of(value, shard: torch.Tensor, place: tuple) -> bool:
-    """Whether a value given for ``shard`` is its whole tensor (not a shard of it)."""
-    return (isinstance(value, torch.Tensor) and tuple(value.shape) == tuple(place[0])
-            and tuple(value.shape) != tuple(shard.shape))
 
 
 def _take_pieces_of_module_entries(module, state_dict, prefix, *args) -> None:
@@ -246,8 +155,8 @@ def _take_pieces_of_module_entries(module, state_dict, prefix, *args) -> None:
         if shard is None or (prefix + name) not in state_dict:
             continue
         place = _place(shard, spec)
-        if place is not None and _is_whole_of(state_dict[prefix + name], shard, place):
-            state_dict[prefix + name] = _local(state_dict[prefix + name], place)
+        if place is not None and is_whole_of(state_dict[prefix + name], shard, place):
+            state_dict[prefix + name] = local_pieces(state_dict[prefix + name], place)
 
 
 def _take_pieces_of_optimizer_state(optimizer, state_dict):
@@ -260,7 +169,7 @@ def _take_pieces_of_optimizer_state(optimizer, state_dict):
         spec = _PARAMETERS.get(params[index])
         place = _place(params[index], spec) if spec is not None else None
         if place is not None:
-            state[index] = {key: _local(value, place) if _is_whole_of(value, params[index], place) else value
+            state[index] = {key: local_pieces(value, place) if is_whole_of(value, params[index], place) else value
                             for key, value in values.items()}
     return {**state_dict, "state": state}
 

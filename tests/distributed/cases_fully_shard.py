@@ -412,14 +412,14 @@ def case_torch_get_state_dict_of_tensor_parallel_shards_says_what_to_do():
     naming collect, and its sharded state dict warns that dcp.save of it would lose shards."""
     import warnings
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
-    from shardtorch.utils import dcp_marks
+    from shardtorch.utils import torch_state_dict
     model = fsdp_model("2d")
     optimizer = _make_optimizer("adam", model.parameters())
     sharded_step(model, optimizer, "2d", 0)
     expect_error(lambda: get_model_state_dict(model, options=StateDictOptions(full_state_dict=True)),
                  "get_state_dict(full_state_dict=True) cannot gather 'head.up.weight'", "group 'tp' (2 ranks)",
                  "ts.collect_state_dict", exception=NotImplementedError)
-    dcp_marks._warned_under_fully_shard = False  # once per process: another case may have taken it
+    torch_state_dict._warned_under_fully_shard = False  # once per process: another case may have taken it
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model_state, _ = get_state_dict(model, optimizer)
