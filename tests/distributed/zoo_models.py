@@ -141,6 +141,10 @@ ZOO = {
     "gpt_bigcode": (_hf("GPTBigCodeForCausalLM", "GPTBigCodeConfig", vocab_size=VOCAB, n_positions=32, n_embd=48,
                         n_layer=2, n_head=4, multi_query=False, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
                     "causal"),
+    # Multi-query: c_attn by part, [query | one key/value head], split by embed_dim in its forward.
+    "gpt_bigcode_multi_query": (_hf("GPTBigCodeForCausalLM", "GPTBigCodeConfig", vocab_size=VOCAB, n_positions=32,
+                                    n_embd=48, n_layer=2, n_head=4, multi_query=True, resid_pdrop=0.0,
+                                    embd_pdrop=0.0, attn_pdrop=0.0), "causal"),
     "distilbert": (_hf("DistilBertForMaskedLM", "DistilBertConfig", vocab_size=VOCAB, dim=48, n_layers=2, n_heads=4,
                        hidden_dim=80, dropout=0.0, attention_dropout=0.0, max_position_embeddings=32,
                        pad_token_id=0), "masked"),

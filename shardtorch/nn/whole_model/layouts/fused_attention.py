@@ -28,7 +28,9 @@ _BY_PART = (("c_attn", "c_proj"), ("qkv", "proj"), ("qkv_proj", "o_proj"))
 _BY_HEAD = (("query_key_value", "dense"),)
 # Attention classes whose c_attn, named as GPT-2's, is laid out by head: [heads, (query, key, value),
 # head_dim] (GPTBigCode without multi-query: its forward views it as [heads, 3 x head_dim]). Names
-# cannot show a fused layout, which is the forward's; these are known by class.
+# cannot show a fused layout, which is the forward's; these are known by class. With multi-query,
+# GPTBigCode's c_attn is by part, [query | key | value] of one key/value head: its ``kv_heads`` says so,
+# and its forward splits the output by ``embed_dim``, the query part's width (set to this rank's).
 _C_ATTN_BY_HEAD = ("GPTBigCodeAttention",)
 
 
@@ -56,6 +58,8 @@ def _counts(m, fused_width: int, parts_per_kv: int):
     head_dim, from what the module declares."""
     heads = next(iter(declared(m, HEAD_COUNTS).values()), None)
     kv_heads = next(iter(declared(m, KV_HEAD_COUNTS).values()), None)
+    if kv_heads is None and type(m).__name__ in _C_ATTN_BY_HEAD:
+        kv_heads = int_attr(m, "kv_heads")
     groups = next(iter(declared(m, GROUP_COUNTS).values()), None)
     if heads is None and kv_heads is not None and groups is not None:
         heads = kv_heads * groups
@@ -163,6 +167,8 @@ class FusedByPart(_Fused):
                                                gathered=gathered))
         setattr(m, out, row(sp, getattr(m, out), group, size, rank, unit=split.query_unit))
         changed = set_local_counts(m, split.local_heads, kv_heads, groups, fit.head_dim, fit.heads, fit.kv_heads)
+        if type(m).__name__ in _C_ATTN_BY_HEAD:  # GPTBigCode multi-query splits c_attn's output by it
+            m.embed_dim = changed["embed_dim"] = split.local_heads * fit.head_dim
         if split.kv_replicated:
             changed["key/value"] = "summed whole over the group each forward"
         return self._finish(m, fit, split, group, size, rank, changed)
