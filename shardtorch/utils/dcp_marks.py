@@ -156,7 +156,7 @@ def _take_pieces_of_module_entries(module, state_dict, prefix, *args) -> None:
             continue
         place = _place(shard, spec)
         if place is not None and is_whole_of(state_dict[prefix + name], shard, place):
-            state_dict[prefix + name] = local_pieces(state_dict[prefix + name], place)
+            state_dict[prefix + name] = local_pieces(state_dict[prefix + name], shard, spec, place)
 
 
 def _take_pieces_of_optimizer_state(optimizer, state_dict):
@@ -169,8 +169,8 @@ def _take_pieces_of_optimizer_state(optimizer, state_dict):
         spec = _PARAMETERS.get(params[index])
         place = _place(params[index], spec) if spec is not None else None
         if place is not None:
-            state[index] = {key: local_pieces(value, place) if is_whole_of(value, params[index], place) else value
-                            for key, value in values.items()}
+            state[index] = {key: local_pieces(value, params[index], spec, place)
+                            if is_whole_of(value, params[index], place) else value for key, value in values.items()}
     return {**state_dict, "state": state}
 
 

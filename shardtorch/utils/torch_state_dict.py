@@ -71,35 +71,28 @@ def refuse_under_fully_shard(key: str, tensor, spec) -> None:
             stacklevel=3)
 
 
-def gather_whole(tensor: torch.Tensor, spec, place: tuple) -> torch.Tensor:
-    """The whole tensor of which ``tensor`` is this rank's shard, on every rank of its group: each
-    rank's pieces broadcast by their holder (a collective: every rank calls it for the same entries)."""
-    import torch.distributed as dist
+def _entry(shard: torch.Tensor, spec, place: tuple):
+    """The checkpoint layout of one shard, so that the checkpoint code's transfers serve it."""
+    from ..checkpoint.layout import EntryLayout
     from ..distributed import state
     full_shape, dim, _ = place
-    size, members = state.get_group_size(spec.group), state.get_group_ranks(spec.group)
-    me, process_group = state.get_group_rank(spec.group), state.get_group(spec.group)
-    whole = torch.empty(full_shape, dtype=tensor.dtype, device=tensor.device)
-    for group_rank, peer in enumerate(members):
-        pieces = spec.pieces(spec.full_size, size, group_rank)
-        shape = list(full_shape)
-        shape[dim] = sum(length for _, length in pieces)
-        if shape[dim] == 0:
-            continue
-        held = tensor.detach().contiguous() if group_rank == me else torch.empty(
-            shape, dtype=tensor.dtype, device=tensor.device)
-        dist.broadcast(held, peer, group=process_group)
-        at = 0
-        for offset, length in pieces:
-            whole.narrow(dim, offset, length).copy_(held.narrow(dim, at, length))
-            at += length
-    return whole
+    return EntryLayout("", tuple(shard.shape), tuple(full_shape), shard.dtype, shard.device, dim, spec.group,
+                       state.get_group_rank(spec.group), state.get_group_size(spec.group), blocks=spec.blocks,
+                       unit=spec.unit, parts=spec.parts)
 
 
-def local_pieces(whole_tensor: torch.Tensor, place: tuple) -> torch.Tensor:
-    """This rank's pieces of ``whole``, in the order its shard holds them."""
-    _, dim, pieces = place
-    return torch.cat([whole_tensor.narrow(dim, offset, length) for offset, length in pieces], dim)
+def gather_whole(tensor: torch.Tensor, spec, place: tuple) -> torch.Tensor:
+    """The whole tensor of which ``tensor`` is this rank's shard, on every rank of its group (a
+    collective: every rank calls it for the same entries)."""
+    from ..checkpoint.transfers import gather_everywhere
+    return gather_everywhere(tensor, _entry(tensor, spec, place))
+
+
+def local_pieces(whole: torch.Tensor, shard: torch.Tensor, spec, place: tuple) -> torch.Tensor:
+    """This rank's pieces of ``whole``, in the order ``shard`` holds them: a tensor of its own, never a
+    view of ``whole`` (an optimizer keeps what it loads and updates it in place)."""
+    entry = _entry(shard, spec, place)
+    return entry.take(whole, entry.group_rank).clone()
 
 
 def is_whole_of(value, shard: torch.Tensor, place: tuple) -> bool:
