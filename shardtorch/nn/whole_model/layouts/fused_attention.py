@@ -31,11 +31,15 @@ _BY_HEAD = (("query_key_value", "dense"),)
 # cannot show a fused layout, which is the forward's; these are known by class. With multi-query,
 # GPTBigCode's c_attn is by part, [query | key | value] of one key/value head: its ``kv_heads`` says so,
 # and its forward splits the output by ``embed_dim``, the query part's width (set to this rank's).
-_C_ATTN_BY_HEAD = ("GPTBigCodeAttention",)
+_GPT_BIGCODE = ("GPTBigCodeAttention",)
+
+
+def _is_gpt_bigcode(m) -> bool:
+    return type(m).__name__ in _GPT_BIGCODE
 
 
 def _c_attn_by_head(m) -> bool:
-    return type(m).__name__ in _C_ATTN_BY_HEAD and not getattr(m, "multi_query", False)
+    return _is_gpt_bigcode(m) and not getattr(m, "multi_query", False)
 
 # The position bias table a window attention keeps per head (Swin: [(2W-1)^2, heads]).
 _HEAD_TABLES = ("relative_position_bias_table",)
@@ -58,7 +62,7 @@ def _counts(m, fused_width: int, parts_per_kv: int):
     head_dim, from what the module declares."""
     heads = next(iter(declared(m, HEAD_COUNTS).values()), None)
     kv_heads = next(iter(declared(m, KV_HEAD_COUNTS).values()), None)
-    if kv_heads is None and type(m).__name__ in _C_ATTN_BY_HEAD:
+    if kv_heads is None and _is_gpt_bigcode(m):
         kv_heads = int_attr(m, "kv_heads")
     groups = next(iter(declared(m, GROUP_COUNTS).values()), None)
     if heads is None and kv_heads is not None and groups is not None:
@@ -167,7 +171,7 @@ class FusedByPart(_Fused):
                                                gathered=gathered))
         setattr(m, out, row(sp, getattr(m, out), group, size, rank, unit=split.query_unit))
         changed = set_local_counts(m, split.local_heads, kv_heads, groups, fit.head_dim, fit.heads, fit.kv_heads)
-        if type(m).__name__ in _C_ATTN_BY_HEAD:  # GPTBigCode multi-query splits c_attn's output by it
+        if _is_gpt_bigcode(m):  # GPTBigCode multi-query splits c_attn's output by it
             m.embed_dim = changed["embed_dim"] = split.local_heads * fit.head_dim
         if split.kv_replicated:
             changed["key/value"] = "summed whole over the group each forward"
