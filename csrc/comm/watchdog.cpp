@@ -4,7 +4,9 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
+#include <pthread.h>
 #include <iomanip>
 #include <sstream>
 
@@ -22,98 +24,119 @@ FailurePolicy failure_policy_from_env() {
   return FailurePolicy::kRaise;
 }
 
-CollectiveWatchdog::CollectiveWatchdog(std::string group, std::chrono::milliseconds timeout,
-                                       WatchdogBackend backend, FailurePolicy policy,
-                                       std::chrono::milliseconds poll_interval)
-    : group_(std::move(group)),
-      timeout_(timeout),
-      backend_(std::move(backend)),
-      policy_(policy),
-      poll_interval_(poll_interval) {
-  TORCH_CHECK(timeout_.count() > 0, "shardtorch watchdog for ", group_,
-              ": timeout must be positive, got ", timeout_.count(), " ms");
-  TORCH_CHECK(poll_interval_.count() > 0, "shardtorch watchdog: poll interval must be positive");
-  thread_ = std::thread([this] { run(); });
-}
+struct WatchdogWork {
+  int64_t sequence = 0;
+  std::string collective;
+  std::function<bool()> started;
+  std::function<bool()> done;
+  bool running = false;
+  std::chrono::steady_clock::time_point started_at;
+};
 
-CollectiveWatchdog::~CollectiveWatchdog() { stop(); }
+struct WatchdogState {
+  std::string group;
+  std::chrono::milliseconds timeout{0};
+  WatchdogBackend backend;
+  FailurePolicy policy = FailurePolicy::kTerminate;
+  std::chrono::milliseconds poll_interval{0};
 
-void CollectiveWatchdog::stop() {
+  mutable std::mutex mutex;
+  std::condition_variable wake;
+  std::vector<std::shared_ptr<WatchdogWork>> work;
+  int64_t next_sequence = 0;
+  std::string failure;
+  bool stopping = false;
+};
+
+namespace {
+
+using Work = WatchdogWork;
+using State = WatchdogState;
+
+void request_stop(State& state) {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
+    std::lock_guard<std::mutex> lock(state.mutex);
+    state.stopping = true;
   }
-  wake_.notify_all();
-  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+  state.wake.notify_all();
 }
 
-int64_t CollectiveWatchdog::watch(std::string collective, std::function<bool()> started,
-                                  std::function<bool()> done) {
-  auto work = std::make_shared<Work>();
-  work->collective = std::move(collective);
-  work->started = std::move(started);
-  work->done = std::move(done);
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    work->sequence = next_sequence_++;
-    work_.push_back(work);
+// Watchdogs belong to communicators that the group registry keeps to the end of the process
+// (ops may run at exit), so their threads would still poll while exit() runs static
+// destructors (the CUDA runtime's among them). At exit they stop first. Never destroyed.
+struct LiveStates {
+  std::mutex mutex;
+  std::vector<std::weak_ptr<State>> states;
+};
+
+LiveStates& live_states();
+
+void stop_all_at_exit() {
+  auto& live = live_states();
+  std::lock_guard<std::mutex> lock(live.mutex);
+  for (auto& weak : live.states) {
+    if (auto state = weak.lock()) request_stop(*state);
   }
-  wake_.notify_all();
-  return work->sequence;
 }
 
-void CollectiveWatchdog::check() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  TORCH_CHECK(failure_.empty(), failure_);
+LiveStates& live_states() {
+  static auto* live = [] {
+    auto* created = new LiveStates();
+    std::atexit(&stop_all_at_exit);
+    return created;
+  }();
+  return *live;
 }
 
-bool CollectiveWatchdog::failed() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return !failure_.empty();
+void add_live(const std::shared_ptr<State>& state) {
+  auto& live = live_states();
+  std::lock_guard<std::mutex> lock(live.mutex);
+  auto& states = live.states;
+  states.erase(std::remove_if(states.begin(), states.end(),
+                              [](const std::weak_ptr<State>& s) { return s.expired(); }),
+               states.end());
+  states.push_back(state);
 }
 
-std::string CollectiveWatchdog::failure() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return failure_;
-}
+// Polls every collective once; returns the failure message, or "".
+std::string poll_once(State& state, std::vector<std::shared_ptr<Work>>& finished);
+void fail(State& state, const std::string& cause);
 
-int64_t CollectiveWatchdog::pending() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return static_cast<int64_t>(work_.size());
-}
-
-void CollectiveWatchdog::run() {
-  if (backend_.on_thread_start) {
+void run(const std::shared_ptr<State>& state) {
+  // Named so that the exit path (shardtorch/distributed/clean_exit.py) can wait for it.
+  pthread_setname_np(pthread_self(), "shardtorch_wdog");
+  if (state->backend.on_thread_start) {
     try {
-      backend_.on_thread_start();
+      state->backend.on_thread_start();
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "shardtorch watchdog for %s: thread setup failed: %s\n", group_.c_str(),
-                   e.what());
+      std::fprintf(stderr, "shardtorch watchdog for %s: thread setup failed: %s\n",
+                   state->group.c_str(), e.what());
     }
   }
-  std::unique_lock<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(state->mutex);
   while (true) {
     // Idle until there is work; then poll at the interval.
-    wake_.wait(lock, [this] { return stopping_ || (!work_.empty() && failure_.empty()); });
-    if (stopping_) return;
+    state->wake.wait(
+        lock, [&] { return state->stopping || (!state->work.empty() && state->failure.empty()); });
+    if (state->stopping) return;
     lock.unlock();
     // The callbacks may take locks of their own (the GIL, for tests driven
     // from Python): never call them, nor destroy them, under our mutex.
     std::vector<std::shared_ptr<Work>> finished;
-    const std::string message = poll(finished);
+    const std::string message = poll_once(*state, finished);
     finished.clear();
-    if (!message.empty()) fail(message);
+    if (!message.empty()) fail(*state, message);
     lock.lock();
-    wake_.wait_for(lock, poll_interval_, [this] { return stopping_; });
-    if (stopping_) return;
+    state->wake.wait_for(lock, state->poll_interval, [&] { return state->stopping; });
+    if (state->stopping) return;
   }
 }
 
-std::string CollectiveWatchdog::poll(std::vector<std::shared_ptr<Work>>& finished) {
+std::string poll_once(State& state, std::vector<std::shared_ptr<Work>>& finished) {
   std::vector<std::shared_ptr<Work>> snapshot;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    snapshot = work_;
+    std::lock_guard<std::mutex> lock(state.mutex);
+    snapshot = state.work;
   }
   const auto now = std::chrono::steady_clock::now();
   std::string message;
@@ -135,47 +158,47 @@ std::string CollectiveWatchdog::poll(std::vector<std::shared_ptr<Work>>& finishe
     }
     if (work->running && !oldest_running) oldest_running = work;
   }
-  if (oldest_running && now - oldest_running->started_at >= timeout_) {
+  if (oldest_running && now - oldest_running->started_at >= state.timeout) {
     const double seconds = std::chrono::duration<double>(now - oldest_running->started_at).count();
     std::ostringstream out;
     out << std::fixed << std::setprecision(1) << "shardtorch: " << oldest_running->collective
-        << " #" << oldest_running->sequence << " on " << group_ << " has not finished " << seconds
-        << " s after it started (timeout " << timeout_.count() / 1000.0
+        << " #" << oldest_running->sequence << " on " << state.group << " has not finished "
+        << seconds << " s after it started (timeout " << state.timeout.count() / 1000.0
         << " s): a peer has probably died or stalled.";
     message = out.str();
-  } else if (finished.size() < snapshot.size() && backend_.async_error) {
+  } else if (finished.size() < snapshot.size() && state.backend.async_error) {
     // Only while work is unfinished: a peer that exits cleanly after the last
     // collective may leave an error behind that concerns nobody.
     std::string error;
     try {
-      error = backend_.async_error();
+      error = state.backend.async_error();
     } catch (const std::exception& e) {
       error = e.what();
     }
     if (!error.empty()) {
       auto& first = oldest_running ? oldest_running : snapshot.front();
-      message = "shardtorch: " + group_ + " reported an asynchronous error during " +
+      message = "shardtorch: " + state.group + " reported an asynchronous error during " +
                 first->collective + " #" + std::to_string(first->sequence) + ": " + error + ".";
     }
   }
   if (!finished.empty()) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::mutex> lock(state.mutex);
     std::vector<std::shared_ptr<Work>> remaining;
-    for (auto& work : work_) {
+    for (auto& work : state.work) {
       bool gone = false;
       for (auto& f : finished) gone = gone || f == work;
       if (!gone) remaining.push_back(work);
     }
-    work_.swap(remaining);
+    state.work.swap(remaining);
   }
   return message;
 }
 
-void CollectiveWatchdog::fail(const std::string& cause) {
+void fail(State& state, const std::string& cause) {
   std::string message = cause;
-  if (policy_ == FailurePolicy::kRaise) {
+  if (state.policy == FailurePolicy::kRaise) {
     try {
-      if (backend_.abort) backend_.abort();
+      if (state.backend.abort) state.backend.abort();
       message += " The communicator was aborted.";
     } catch (const std::exception& e) {
       // Aborting is the last resort; its own failure must not hide the cause.
@@ -184,11 +207,11 @@ void CollectiveWatchdog::fail(const std::string& cause) {
   }
   std::vector<std::shared_ptr<Work>> abandoned;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    failure_ = message;
-    abandoned.swap(work_);  // destroyed outside the lock, see run()
+    std::lock_guard<std::mutex> lock(state.mutex);
+    state.failure = message;
+    abandoned.swap(state.work);  // destroyed outside the lock, see run()
   }
-  if (policy_ == FailurePolicy::kTerminate) {
+  if (state.policy == FailurePolicy::kTerminate) {
     std::fprintf(stderr,
                  "%s\nshardtorch: terminating this process so that no result of the failed "
                  "collective is used (SHARDTORCH_ON_COMM_FAILURE=raise aborts the communicator and "
@@ -197,6 +220,74 @@ void CollectiveWatchdog::fail(const std::string& cause) {
     std::fflush(stderr);
     std::_Exit(1);
   }
+}
+
+}  // namespace
+
+CollectiveWatchdog::CollectiveWatchdog(std::string group, std::chrono::milliseconds timeout,
+                                       WatchdogBackend backend, FailurePolicy policy,
+                                       std::chrono::milliseconds poll_interval)
+    : state_(std::make_shared<State>()) {
+  state_->group = std::move(group);
+  state_->timeout = timeout;
+  state_->backend = std::move(backend);
+  state_->policy = policy;
+  state_->poll_interval = poll_interval;
+  TORCH_CHECK(timeout.count() > 0, "shardtorch watchdog for ", state_->group,
+              ": timeout must be positive, got ", timeout.count(), " ms");
+  TORCH_CHECK(poll_interval.count() > 0, "shardtorch watchdog: poll interval must be positive");
+  add_live(state_);
+  thread_ = std::thread([state = state_] { run(state); });
+}
+
+CollectiveWatchdog::~CollectiveWatchdog() { stop(); }
+
+void CollectiveWatchdog::stop() {
+  request_stop(*state_);
+  if (!thread_.joinable()) return;
+  if (thread_.get_id() == std::this_thread::get_id()) {
+    // Called from the watchdog's own thread (a callback dropped the last reference): it
+    // cannot join itself. It returns at its next look at `stopping`, holding the state
+    // it reads; a std::thread destroyed joinable would end the process.
+    thread_.detach();
+  } else {
+    thread_.join();
+  }
+}
+
+int64_t CollectiveWatchdog::watch(std::string collective, std::function<bool()> started,
+                                  std::function<bool()> done) {
+  auto work = std::make_shared<Work>();
+  work->collective = std::move(collective);
+  work->started = std::move(started);
+  work->done = std::move(done);
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    work->sequence = state_->next_sequence++;
+    state_->work.push_back(work);
+  }
+  state_->wake.notify_all();
+  return work->sequence;
+}
+
+void CollectiveWatchdog::check() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  TORCH_CHECK(state_->failure.empty(), state_->failure);
+}
+
+bool CollectiveWatchdog::failed() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return !state_->failure.empty();
+}
+
+std::string CollectiveWatchdog::failure() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->failure;
+}
+
+int64_t CollectiveWatchdog::pending() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return static_cast<int64_t>(state_->work.size());
 }
 
 }  // namespace comm

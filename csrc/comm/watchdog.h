@@ -38,6 +38,8 @@ namespace comm {
 
 enum class FailurePolicy { kTerminate, kRaise };
 
+struct WatchdogState;
+
 // SHARDTORCH_ON_COMM_FAILURE: "terminate" (default) or "raise"; anything else
 // is an error naming the accepted values.
 FailurePolicy failure_policy_from_env();
@@ -85,32 +87,10 @@ class CollectiveWatchdog {
   int64_t pending() const;
 
  private:
-  struct Work {
-    int64_t sequence = 0;
-    std::string collective;
-    std::function<bool()> started;
-    std::function<bool()> done;
-    bool running = false;
-    std::chrono::steady_clock::time_point started_at;
-  };
-
-  void run();
-  // Polls every collective once; returns the failure message, or "".
-  std::string poll(std::vector<std::shared_ptr<Work>>& finished);
-  void fail(const std::string& message);
-
-  const std::string group_;
-  const std::chrono::milliseconds timeout_;
-  const WatchdogBackend backend_;
-  const FailurePolicy policy_;
-  const std::chrono::milliseconds poll_interval_;
-
-  mutable std::mutex mutex_;
-  std::condition_variable wake_;
-  std::vector<std::shared_ptr<Work>> work_;
-  int64_t next_sequence_ = 0;
-  std::string failure_;
-  bool stopping_ = false;
+  // Everything the thread reads (watchdog.cpp), shared by the thread and this object: the
+  // last reference to the watchdog may be dropped on its own thread (by a callback), and
+  // that thread must still be able to finish its poll and return.
+  std::shared_ptr<WatchdogState> state_;
   std::thread thread_;
 };
 

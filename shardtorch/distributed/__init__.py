@@ -1,4 +1,5 @@
 """Process groups and communication mappings (``ts.distributed``)."""
+from . import clean_exit  # noqa: F401  (registers the exit handler)
 from .mappings import all_gather, copy, gather, gather_replicated, reduce, reduce_scatter, scatter
 from .state import (DATA_PARALLEL, TENSOR_PARALLEL, WORLD, check_deferred, destroy_process_group, device_mesh,
                     get_data_parallel_group, get_data_parallel_rank, get_data_parallel_size, get_group, get_group_rank,

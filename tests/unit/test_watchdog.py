@@ -234,3 +234,30 @@ def test_unknown_policy_is_an_error_naming_the_choices():
     result, _ = _run("ignore")
     assert result.returncode != 0
     assert "SHARDTORCH_ON_COMM_FAILURE must be 'terminate' (default) or 'raise', got 'ignore'" in result.stderr
+
+
+_LAST_REFERENCE_ON_ITS_THREAD = """
+import threading, time
+from shardtorch import _C
+holder = [_C._CollectiveWatchdog("group 'tp' (rank 0 of 2, fake)", 30.0, lambda: "", lambda: None,
+                                 poll_interval=0.01)]
+dropped = threading.Event()
+def done():
+    holder.clear()  # the last reference goes here, on the watchdog's own thread
+    dropped.set()
+    return True
+holder[0].watch("all_reduce", lambda: True, done)
+assert dropped.wait(10)
+time.sleep(0.2)  # the thread finishes its poll and returns
+print("exited cleanly", flush=True)
+"""
+
+
+def test_last_reference_dropped_on_the_watchdog_thread_ends_cleanly():
+    """A watchdog destroyed from its own thread cannot join it; a std::thread destroyed joinable
+    ends the process with SIGABRT ("terminate called without an active exception")."""
+    result = subprocess.run([sys.executable, "-c", _LAST_REFERENCE_ON_ITS_THREAD], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, (result.returncode, result.stdout, result.stderr)
+    assert "exited cleanly" in result.stdout
+    assert "terminate called" not in result.stderr
