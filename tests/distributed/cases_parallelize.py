@@ -392,6 +392,7 @@ def case_verbose_prints_plan_shards_and_memory():
     import io
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
+        torch.manual_seed(0)
         model = ts.nn.parallelize(models.gpt2(), verbose=True)
     text = out.getvalue()
     if ts.distributed.get_group_rank() == 0:
@@ -490,6 +491,7 @@ class _Zoo(torch.nn.Module):
 
 def case_what_is_left_whole_is_warned_about_and_listed():
     import warnings
+    torch.manual_seed(0)  # every model below the same on every rank (parallelize refuses ranks that differ)
     model = _Zoo()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -503,11 +505,13 @@ def case_what_is_left_whole_is_warned_about_and_listed():
     # A Hugging Face model parallelized with an empty plan: its attention, MLPs and vocabulary are named.
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+        torch.manual_seed(0)
         ts.nn.parallelize(models.llama(), plan={})
     message = " ".join(str(w.message) for w in caught)
     # StableLM's per-head layer norms, one per head in a list: its forward would pair this rank's heads
     # with the list's first norms, so its attention stays whole.
     from transformers import StableLmConfig, StableLmForCausalLM
+    torch.manual_seed(0)
     stablelm = StableLmForCausalLM(StableLmConfig(vocab_size=97, hidden_size=48, intermediate_size=80,
                                                   num_hidden_layers=1, num_attention_heads=4, qk_layernorm=True))
     with warnings.catch_warnings(record=True) as caught:

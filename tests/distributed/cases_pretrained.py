@@ -473,3 +473,25 @@ def case_every_zoo_architecture_loads_and_draws_exactly():
         reference = build()
         torch.manual_seed(5)
         _assert_state_equal(ts.nn.from_config(build), reference.state_dict(), f"{name} drawn")
+
+
+def case_sequence_parallel_loaded_model_gradients_match_unsharded():
+    """from_pretrained(..., sequence_parallel=True) trains with the unsharded model's gradients: every
+    parameter's gradient (collected) within 1e-10 of transformers' float64 model, the norms' weights and
+    the row projections' biases included (their partial sums over the sequence are summed over the group
+    by hooks on the loaded tensors, not on the meta tensors the model was split with)."""
+    from tests.distributed.cases_parallelize import collected_grads
+    for name in ("llama", "gpt2"):
+        reference = type(_reference(name)).from_pretrained(_dir(name))
+        model = _load(name, sequence_parallel=True)
+        ids = _ids(3)
+        for m in (reference, model):
+            m.train()
+            logits = m(input_ids=ids).logits
+            if ts.utils.get_parallel_dim(logits) == -1:
+                logits = ts.distributed.gather_replicated(logits, -1, full_size=models.VOCAB)
+            (logits * torch.linspace(-1, 1, logits.numel(), dtype=F64).view_as(logits)).sum().backward()
+        expected = {k: p.grad for k, p in reference.named_parameters(remove_duplicate=False)}
+        for key, grad in collected_grads(model).items():
+            if key in expected:
+                _assert_within(grad, expected[key], 1e-10, f"{name} sequence-parallel gradient of {key}")

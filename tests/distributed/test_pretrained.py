@@ -14,6 +14,7 @@ LATER = ["case_load_what_2_ranks_saved", "case_dcp_load_with_torch_set_state_dic
 # (world, tensor-parallel size, cases), in the order they must run.
 PHASES = {
     "save2": (2, 2, ["case_write_reference_checkpoints"] + ANY_SIZE + [
+        "case_sequence_parallel_loaded_model_gradients_match_unsharded",
         "case_fresh_init_refuses_what_it_cannot_draw_by_slices", "case_fresh_init_that_reads_values_is_refused_and_loads_anyway", "case_missing_weights_are_initialised_alike_and_named",
         "case_bad_checkpoints_raise_on_every_rank_before_reading", "case_save_pretrained_writes_the_unsharded_checkpoint",
         "case_dcp_save_with_torch_get_state_dict"]),

@@ -19,12 +19,15 @@ from .norms import gradients_summed_by_a_hook
 from .plan import Placement, resolve
 from .report import parameter_bytes, print_report
 from .hf_methods import parallel_hf_methods
-from .logits import check_logits_option, gather_output_logits
+from .logits import check_logits_option, gather_output_logits, generating
+from . import proof
+from ...checkpoint.layout import model_layout
 from .vocabulary import tie, vocabulary_parallel
 
 
 def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", group: str = state.TENSOR_PARALLEL,
-                sequence_parallel: bool = False, verbose: bool = False, logits: str = "whole") -> nn.Module:
+                sequence_parallel: bool = False, verbose: bool = False, logits: str = "whole",
+                verify: bool = True, probe=None) -> nn.Module:
     """Shards ``model`` in place over the tensor-parallel ``group`` and returns it.
 
     Args:
@@ -47,6 +50,20 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
         verbose: print the plan, shard shapes, what stays whole, and the
             parameter memory of every rank against the whole model (printed
             by group rank 0; every rank of the group must pass the same).
+        verify: prove the split before returning (proof.py): the whole model
+            and then the parallel one run a small probe batch (eval, and
+            training with dropout off), and their outputs and every
+            parameter's gradient must agree within the dtype's bound, or
+            ParallelizeProofError names where they differ first on every
+            rank. ``False`` skips it: a model whose forward reads its weights
+            in a way the layouts do not expect is then split silently wrong.
+            Models on the meta device (from_pretrained, from_config) are not
+            proven here.
+        probe: the probe batch, ``(args, kwargs)`` or a kwargs dict, for a
+            model whose inputs parallelize cannot tell (token ids for a
+            model with a config and ``input_ids``, images for timm and
+            torchvision vision models, ids or features for a model whose
+            first layer is an embedding or a linear).
         logits: "whole" (what the model returns holds the unsharded model's
             logits, gathered along the vocabulary for the positions computed;
             its own loss is still computed from the shards) or "sharded" (the
@@ -73,6 +90,7 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
     size, rank = state.get_group_size(group), state.get_group_rank(group)
     placements = resolve(model, plan, size, sequence_parallel)
     blocks = _sequence_parallel_blocks(model, placements) if sequence_parallel else []
+    proving = _probe_before_split(model, placements, verify, probe, sequence_parallel, group)
     whole_bytes = parameter_bytes(model)
     modules = dict(model.named_modules())
     placed: List[Tuple[str, str, str]] = []
@@ -120,6 +138,8 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
     vocabulary_head = head or _vocabulary_head(model, placements)
     if vocabulary_head is not None:  # "sharded": whole only inside generate
         gather_output_logits(model, vocabulary_head.weight.shape[0], vocabulary_head.out_features, group, logits)
+    if proving is not None:
+        _prove_after_split(model, placements, proving, group, sequence_parallel)
     whole = left_whole(model)
     warned = [describe(entry) for entry in whole if entry[2] in WARNED]
     if warned:
@@ -130,6 +150,64 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
             print_report(model, placed, [describe(entry) for entry in whole], whole_bytes, loss, group, size,
                          rank_bytes)
     return model
+
+
+def _probe_before_split(model, placements, verify, probe, sequence_parallel, group):
+    """The whole model's run of the probe batch (proof.py), or None when not proving. Every rank of the
+    group agrees first, in one small all-gather, on whether it proves and on what its whole model gave:
+    ranks that hold different weights (a model built without a common seed) are refused here, before
+    anything is split."""
+    if not isinstance(verify, bool):
+        raise TypeError(f"parallelize: verify must be a bool, got {verify!r}")
+    inputs, record = None, None
+    if verify and not any(p.is_meta for p in model.parameters()):
+        if probe is None:
+            inputs = proof.probe_inputs(model)
+            if inputs is None:
+                warnings.warn(f"parallelize: cannot tell the inputs of {type(model).__name__}, so the split is "
+                              f"not proven exact against the whole model: pass probe=(args, kwargs) (a small "
+                              f"batch), or verify=False to skip the proof")
+        elif isinstance(probe, dict):
+            inputs = ((), probe)
+        elif isinstance(probe, tuple) and len(probe) == 2 and isinstance(probe[1], dict):
+            inputs = (tuple(probe[0]), probe[1])
+        else:
+            raise TypeError(f"parallelize: probe must be a dict of keyword arguments or (args, kwargs), got "
+                            f"{type(probe).__name__}")
+    if inputs is not None:
+        watched = {} if sequence_parallel else {p.name: p.module for p in placements if _whole_output(p)}
+        try:
+            record = proof.run_probe(model, inputs, watched, proof.whole_sketch)
+        except Exception as error:  # noqa: BLE001 - a guessed batch the model does not take
+            if probe is not None:
+                raise
+            warnings.warn(f"parallelize: the whole {type(model).__name__} does not run on the probe batch "
+                          f"parallelize guessed ({type(error).__name__}: {error}), so the split is not proven "
+                          f"exact against the whole model: pass probe=(args, kwargs) (a small batch), or "
+                          f"verify=False to skip the proof")
+    proof.agree_before_split(record, verify, group)
+    return None if record is None else (inputs, record)
+
+
+def _whole_output(placement: Placement) -> bool:
+    """Whether the split module's output is whole, so that it compares with the whole model's."""
+    if placement.layout is not None or placement.style == "row":
+        return True
+    return placement.style == "vocab" and isinstance(placement.module, nn.Embedding)
+
+
+def _prove_after_split(model, placements, proving, group, sequence_parallel) -> None:
+    inputs, whole = proving
+    modules = dict(model.named_modules())
+    watched = {name: modules[name] for name in whole.module_order if name in modules}
+    layouts = model_layout(model)
+    with generating(model):  # whole logits in either logits mode
+        parallel = proof.run_probe(model, inputs, watched, proof.parallel_sketch(layouts, group))
+    dtype, bound = proof.bound_for(model)
+    failures = proof.compare(whole, parallel, bound)
+    error = proof.agree_on_error(max((e for _, _, e in failures), default=0.0), group)
+    if error > bound:
+        raise proof.ParallelizeProofError(proof.explain(failures, placements, dtype, bound, sequence_parallel))
 
 
 def _bytes_per_rank(local: int, group: str, size: int) -> List[int]:
@@ -145,17 +223,39 @@ def _bytes_per_rank(local: int, group: str, size: int) -> List[int]:
 def sum_partial_gradients(model: nn.Module, blocks: List[nn.Module], group: str) -> None:
     """Under sequence parallelism the whole parameters inside the blocks (norms, the row projections' biases)
     see only this rank's part of the sequence, so each rank's gradient is a partial sum: a hook all-reduces it
-    over the group (one all-reduce per such parameter in backward)."""
+    over the group (one all-reduce per such parameter in backward).
+
+    The hooks go on the parameter tensors the block holds when it runs (a forward pre-hook puts them on any it
+    has not seen), not on those it holds now: from_pretrained and from_config replace the meta parameters a
+    model is split with by the real ones, and a hook on the meta tensor would be lost with it."""
     sharded = {id(p) for _, p, _ in named_parameter_shards(model)}
     summed = {id(p) for m in model.modules() if isinstance(m, ReplicatedKeyValue) or gradients_summed_by_a_hook(m)
               for p in m.parameters(recurse=False)}
     seen = set()
     for block in blocks:
-        for param in block.parameters():
+        names = []
+        for name, param in block.named_parameters():
             if id(param) in sharded or id(param) in summed or id(param) in seen or not param.requires_grad:
                 continue
             seen.add(id(param))
-            param.register_hook(lambda grad: mappings.reduce(grad, group))
+            names.append(name)
+        if names:
+            _sum_gradients_of(block, names, group)
+
+
+_SUMMED_MARK = "_shardtorch_partial_gradient_summed"
+
+
+def _sum_gradients_of(block: nn.Module, names: List[str], group: str) -> None:
+    def hook_current(module, args):
+        for name in names:
+            param = module.get_parameter(name)
+            # The mark is on the tensor: a tensor that replaces it has none and gets its own hook.
+            if param.requires_grad and not getattr(param, _SUMMED_MARK, False):
+                param.register_hook(lambda grad: mappings.reduce(grad, group))
+                setattr(param, _SUMMED_MARK, True)
+    hook_current(block, ())
+    block.register_forward_pre_hook(hook_current)
 
 
 def _sequence_parallel_blocks(model: nn.Module, placements: List[Placement]) -> List[str]:

@@ -71,19 +71,19 @@ class FusedExperts(Layout):
 def _copy_floating_inputs(group):
     """Every rank's gradient of the hidden states and routing weights covers its slice of the experts:
     ``copy`` sums them over the group in backward. Routing weights of a narrower dtype than the hidden
-    states (Mixtral's router computes them in float32) are widened first, as the experts' product widens
-    them anyway: their gradient is then summed over the group in the wide dtype and rounded once, as the
-    unsharded model rounds it."""
+    states (Mixtral's router computes them in float32, a float64 model's hidden states are wider) are
+    widened to the hidden states' dtype first, as the experts' product widens them anyway: their
+    gradient is then summed over the group in the wide dtype and rounded once, as the unsharded model
+    rounds it. The hidden states keep their dtype (the first floating input): widening bfloat16 ones
+    to the float32 routing weights' would hand the experts' bfloat16 weights float32 inputs."""
     def hook(_, args, kwargs):
         floating = [v for v in list(args) + list(kwargs.values()) if torch.is_tensor(v) and v.is_floating_point()]
-        wide = floating[0].dtype if floating else None
-        for value in floating[1:]:
-            wide = torch.promote_types(wide, value.dtype)
+        hidden = floating[0].dtype if floating else None
 
         def copy(value):
             if not (torch.is_tensor(value) and value.is_floating_point()):
                 return value
-            return mappings.copy(value.to(wide), group)
+            return mappings.copy(value.to(torch.promote_types(value.dtype, hidden)), group)
         return tuple(copy(a) for a in args), {k: copy(v) for k, v in kwargs.items()}
     return hook
 
