@@ -1,6 +1,9 @@
-// shardtorch._C: the Python face of the C++ core. Only what Python needs that
-// the ops do not already give (the ops live in torch.ops.shard): group
-// registration and the topology arithmetic, so Python never re-implements it.
+// shardtorch._C: the Python face of the C++ core, for what Python needs that the ops (in
+// torch.ops.shard) do not give, so that Python never re-implements it: the topology arithmetic;
+// group registration, timeouts and deferred checks; the exact initialisation of shards that the
+// C++ layers share; the CPU memory tracker and the ops' buffers; and a few queries the tests read
+// (names starting with an underscore). The test doubles are a module of their own,
+// shardtorch._C_testing (testing_module.cpp).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 // torch's type casters for at::Tensor (needs libtorch_python).

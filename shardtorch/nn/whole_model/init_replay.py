@@ -53,8 +53,10 @@ def draw_pieces(write: Write, shape: Sequence[int], dtype: torch.dtype, generato
     in order, turns each aligned block of 16 into normals, and when the size is
     not a multiple of 16 draws 16 more for the last 16 elements. So chunks of
     multiples of 16 elements, the last one of at least 16, draw what the whole
-    tensor draws, element for element (tested per dtype in
-    tests/unit/test_init_replay.py). Tensors under 16 elements are drawn whole."""
+    tensor draws, element for element (tests/distributed/cases_pretrained.py's
+    case_fresh_models_draw_the_unsharded_models_slices holds every weight of
+    five float32 models bitwise to the unsharded draw). Tensors under 16
+    elements are drawn whole."""
     total = math.prod(shape)
     if total == 0:
         return
