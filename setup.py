@@ -8,6 +8,8 @@ Environment variables (all optional):
   SHARDTORCH_JOBS         parallel build jobs (default: number of CPUs)
   SHARDTORCH_BUILD_DIR    CMake build tree (default build/<python>-<torch>)
   SHARDTORCH_BUILD_TESTS  1 to also build the C++ tests (tests/cpp)
+  SHARDTORCH_BUILD_TEST_DOUBLES  1 to also build shardtorch._C_testing, the test doubles the
+                          Python tests drive (scripts/test.sh sets it; a user's build has none)
   SHARDTORCH_CMAKE        the cmake to run (default: the newest of pip's and PATH's)
   SHARDTORCH_CONFIGURE_ONLY  1: stop after CMake's configure step (checks the toolchain)
 
@@ -81,6 +83,7 @@ class CMakeBuild(build_ext):
             f"-DSHARDTORCH_GPU_VISIBLE={'ON' if torch.cuda.is_available() else 'OFF'}",
             f"-DSHARDTORCH_NVIDIA_ROOT={os.path.join(site_packages, 'nvidia')}",
             f"-DSHARDTORCH_BUILD_TESTS={_flag('SHARDTORCH_BUILD_TESTS', '0')}",
+            f"-DSHARDTORCH_BUILD_TEST_DOUBLES={_flag('SHARDTORCH_BUILD_TEST_DOUBLES', '0')}",
         ]
         subprocess.check_call(args)
         if os.environ.get("SHARDTORCH_CONFIGURE_ONLY") == "1":

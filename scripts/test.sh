@@ -9,6 +9,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO="$PWD"
+# The suite drives the C++ core's test doubles (shardtorch._C_testing), which a user's build leaves out.
+export SHARDTORCH_BUILD_TEST_DOUBLES="${SHARDTORCH_BUILD_TEST_DOUBLES:-1}"
 SHARDTORCH_EXTRAS="${SHARDTORCH_EXTRAS-test,hf}" bash scripts/setup.sh
 export PATH="$REPO/.venv/bin:$PATH"
 COMPILE_TEST=tests/unit/test_cuda_compiles_against_torch_2_11.py

@@ -92,6 +92,24 @@ void pause_briefly() {
 #endif
 }
 
+// Whether the process `pid` has exited. kill(pid, 0) alone is not enough: it succeeds on a zombie,
+// a process that has exited but that its parent has not reaped yet (a parent busy in a collective
+// of its own reaps nothing), so the state letter of /proc/<pid>/stat tells exit apart: 'Z'
+// (zombie) or 'X' (being reaped).
+bool has_exited(pid_t pid) {
+  if (kill(pid, 0) != 0) return errno == ESRCH;
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
+  std::ifstream stat(path);
+  std::string line;
+  if (!std::getline(stat, line)) return false;  // no /proc here: kill's answer stands
+  // "pid (comm) state ...": comm may hold spaces and parentheses, the state follows the last ')'.
+  const auto name_end = line.rfind(')');
+  if (name_end == std::string::npos || name_end + 2 >= line.size()) return false;
+  const char state = line[name_end + 2];
+  return state == 'Z' || state == 'X';
+}
+
 }  // namespace
 
 std::unique_ptr<SharedMemoryCollectives> SharedMemoryCollectives::create(
@@ -218,8 +236,12 @@ void SharedMemoryCollectives::wait_for_all(bool arrived, int64_t target,
       if (counter.load(std::memory_order_acquire) >= target) break;
       sleep_while_unchanged(control(r).changes, seen, 20 * 1000 * 1000);
       const pid_t pid = static_cast<pid_t>(control(r).pid);
-      TORCH_CHECK(!(kill(pid, 0) != 0 && errno == ESRCH), "shardtorch: ", collective, " on group '",
-                  group_name_, "' failed: rank ", r, " of the group (pid ", pid,
+      // Exit first, then the counter: a peer that did its part and then exited (the last
+      // collective of its program) has not failed this one.
+      const bool exited = has_exited(pid);
+      if (counter.load(std::memory_order_acquire) >= target) break;
+      TORCH_CHECK(!exited, "shardtorch: ", collective, " on group '", group_name_,
+                  "' failed: rank ", r, " of the group (pid ", pid,
                   ") exited while the others waited for it (shared memory)");
       TORCH_CHECK(std::chrono::steady_clock::now() < deadline, "shardtorch: ", collective,
                   " on group '", group_name_, "' timed out after ", timeout_.count(),

@@ -10,7 +10,8 @@
 // until every rank has, and reads every slot: a few microseconds.
 //
 // Every rank sums the slots in rank order, so every rank gets the same bits. A rank that
-// exits while the others wait for it (its pid is gone) makes them raise at once, naming it;
+// exits while the others wait for it (its pid is gone, or left as a zombie that its parent has not
+// reaped) makes them raise at once, naming it;
 // one that stalls makes them raise after the group's timeout, as a Gloo collective would.
 
 #include <ATen/core/Tensor.h>

@@ -22,6 +22,7 @@
 #include "comm/process_group_communicator.h"
 #include "comm/registry.h"
 #include "comm/store_exchange.h"
+#include "python/deferred_check_counts.h"
 
 namespace py = pybind11;
 
@@ -400,21 +401,9 @@ class FakeDeferredChecks {
   std::vector<std::shared_ptr<std::atomic<bool>>> ready_;
 };
 
-py::dict counts_dict(const comm::DeferredCheckCounts& counts) {
-  py::dict out;
-  out["launches"] = counts.launches;
-  out["pending"] = counts.pending;
-  out["settled"] = counts.settled;
-  out["waits"] = counts.waits;
-  out["dropped"] = counts.dropped;
-  return out;
-}
-
 }  // namespace
 
 void bind_comm_testing(py::module& m) {
-  m.attr("_DEFERRED_CHECK_LAG") = comm::DeferredChecks::kDefaultLag;
-
   py::class_<FakeDeferredChecks>(m, "_FakeDeferredChecks")
       .def(py::init<int64_t>(), py::arg("lag") = comm::DeferredChecks::kDefaultLag)
       .def("add", &FakeDeferredChecks::add, py::arg("values"), py::arg("ready") = false,

@@ -1,5 +1,5 @@
 #pragma once
-// Test-only hooks of shardtorch._C (names start with an underscore) that drive
+// Test-only hooks of shardtorch._C_testing (names start with an underscore) that drive
 // the CUDA path's device-free rules on machines without a GPU: the device
 // launch lock under threads, the store exchange of NCCL ids, the teardown
 // choice, the registry's per-device, create-once communicators (with a fake

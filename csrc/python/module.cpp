@@ -1,6 +1,9 @@
-// shardtorch._C: the Python face of the C++ core. Only what Python needs that
-// the ops do not already give (the ops live in torch.ops.shard): group
-// registration and the topology arithmetic, so Python never re-implements it.
+// shardtorch._C: the Python face of the C++ core, for what Python needs that the ops (in
+// torch.ops.shard) do not give, so that Python never re-implements it: the topology arithmetic;
+// group registration, timeouts and deferred checks; the exact initialisation of shards that the
+// C++ layers share; the CPU memory tracker and the ops' buffers; and a few queries the tests read
+// (names starting with an underscore). The test doubles are a module of their own,
+// shardtorch._C_testing (testing_module.cpp).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 // torch's type casters for at::Tensor (needs libtorch_python).
@@ -12,8 +15,7 @@
 #include "ops/scratch_buffer.h"
 #include <shardtorch/nn/embedding_init.h>
 #include <shardtorch/nn/init.h>
-#include "python/comm_testing_binding.h"
-#include "python/watchdog_binding.h"
+#include "python/deferred_check_counts.h"
 #include <shardtorch/build_info.h>
 #include <shardtorch/topology/topology.h>
 #include "utils/cpu_memory_tracker.h"
@@ -59,20 +61,15 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "_deferred_check_counts",
       [](const std::string& group) {
-        const auto counts = shardtorch::comm::deferred_check_counts(group);
-        py::dict out;
-        out["launches"] = counts.launches;
-        out["pending"] = counts.pending;
-        out["settled"] = counts.settled;
-        out["waits"] = counts.waits;
-        out["dropped"] = counts.dropped;
-        return out;
+        return shardtorch::python::counts_dict(shardtorch::comm::deferred_check_counts(group));
       },
       py::arg("group") = std::string(),
       "Summed over the group's (every group's when empty) communicators made so far: launches, "
       "deferred checks pending and settled, waits (settled checks whose copy was not ready "
       "when due: the host blocked on a CUDA event, which sync_debug_mode does not see), and "
       "dropped (left unread after a verdict said a rank left).");
+  // How many collectives later a CUDA communicator gives a deferred check's verdict.
+  m.attr("_DEFERRED_CHECK_LAG") = shardtorch::comm::DeferredChecks::kDefaultLag;
   m.def("has_group", &shardtorch::comm::has_group, py::arg("name"));
   m.def("group_names", &shardtorch::comm::group_names);
   m.def(
@@ -146,9 +143,6 @@ PYBIND11_MODULE(_C, m) {
       default: return "baseline";
     }
   });
-
-  shardtorch::python::bind_watchdog(m);
-  shardtorch::python::bind_comm_testing(m);
 
   m.attr("cuda_built") = py::bool_(shardtorch::kBuiltWithCuda);
   m.attr("version") = shardtorch::kVersion;

@@ -1,5 +1,5 @@
 #pragma once
-// shardtorch._C._CollectiveWatchdog: the communicators' watchdog driven from
+// shardtorch._C_testing._CollectiveWatchdog: the communicators' watchdog driven from
 // Python with callables in place of CUDA events and NCCL, so that its
 // timeout, error and abort logic is tested on machines without a GPU.
 

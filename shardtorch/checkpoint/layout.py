@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ..distributed import state
-from ..utils.shard_facts import ShardSpec, named_parameter_shards, split_pieces
+from ..utils.shard_specs import ShardSpec, named_parameter_shards, split_pieces
 from ..utils.shards import shard_range
 from .dtensor_entries import Spec, check_mesh, dtensor_spec
 

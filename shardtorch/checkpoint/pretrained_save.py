@@ -13,6 +13,7 @@ under the name transformers keeps. The result loads with plain transformers
 ``ts.nn.from_pretrained`` at any group size.
 """
 import json
+import math
 import os
 import re
 from typing import Dict, List, Optional, Tuple
@@ -139,7 +140,7 @@ def _open_files(model: nn.Module, folder: str, plan) -> List[Tuple[object, Dict[
         if re.fullmatch(r"model(-\d{5}-of-\d{5})?\.safetensors", stale) and stale not in names:
             os.remove(os.path.join(folder, stale))
     if count > 1:
-        total = sum(dtype.itemsize * _numel(shape) for tensors in plan for _, dtype, shape in tensors)
+        total = sum(dtype.itemsize * math.prod(shape) for tensors in plan for _, dtype, shape in tensors)
         index = {"metadata": {"total_size": total},
                  "weight_map": {name: names[i] for i, tensors in enumerate(plan) for name, _, _ in tensors}}
         with open(os.path.join(folder, INDEX_FILE), "w") as f:
@@ -154,13 +155,6 @@ def _open_files(model: nn.Module, folder: str, plan) -> List[Tuple[object, Dict[
         handle.write(header)
         handles.append((handle, offsets))
     return handles
-
-
-def _numel(shape) -> int:
-    count = 1
-    for n in shape:
-        count *= n
-    return count
 
 
 def _write_tensor(handle, offset: int, tensor: torch.Tensor) -> None:

@@ -9,6 +9,7 @@ bounded block at a time (mapped from the file, unmapped after) and the pieces
 copied out of it. A destination of another dtype or device goes through a
 bounded staging block.
 """
+import math
 import mmap
 import os
 import warnings
@@ -20,13 +21,6 @@ from .safetensors_format import TensorEntry
 
 #: Bytes of the one staging block a read may use (read at each call, so tests may change it).
 BLOCK_BYTES = 16 << 20
-
-
-def _product(values: Sequence[int]) -> int:
-    result = 1
-    for value in values:
-        result *= value
-    return result
 
 
 def _pread_into(fd: int, target: torch.Tensor, offset: int, path: str) -> None:
@@ -67,7 +61,7 @@ def read_pieces(entry: TensorEntry, out: torch.Tensor, dim: Optional[int] = None
 def _read(entry, out, shape, dim, pieces, fd) -> None:
     if out.numel() == 0:
         return
-    outer, length, inner = _product(shape[:dim]), shape[dim], _product(shape[dim + 1:])
+    outer, length, inner = math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1:])
     element = entry.dtype.itemsize
     local = out.view(outer, sum(count for _, count in pieces), inner)
     direct = out.dtype == entry.dtype and out.device.type == "cpu"
@@ -125,7 +119,7 @@ def map_run(entry: TensorEntry, shape: Sequence[int], first: int) -> torch.Tenso
     from the file only when touched, stay shared page cache while only read
     (ranks on one node share them), and become the process's own when written
     (an optimizer step). Nothing is read now."""
-    count = _product(shape)
+    count = math.prod(shape)
     start = entry.start + first * entry.dtype.itemsize
     aligned = start - start % mmap.ALLOCATIONGRANULARITY
     length = start - aligned + count * entry.dtype.itemsize

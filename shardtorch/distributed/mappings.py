@@ -41,7 +41,7 @@ whose input does not fit makes every rank fail at once instead of leaving its
 peers waiting in the gather; on CUDA otherwise the check is local (no host
 synchronisation) and the peers fail at the communicator's timeout.
 """
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as _TorchDDP
@@ -50,13 +50,22 @@ from .. import _C  # noqa: F401  (registers the ops)
 from ..utils.parallel_dim import get_parallel_full_size, is_sharded_on_last_dim, register_parallel_dim
 from .state import TENSOR_PARALLEL
 
+# A plain torch DDP around a model with shards is checked (and its shards' averaging set up) at its
+# first forward by shardtorch.nn.parallel.plain_ddp's check_active_ddp. That module sits a layer
+# above this one (it needs the gradient averager of nn/parallel), so it hands its check down here
+# when it is imported (``import shardtorch`` imports it) instead of this layer importing upward.
+_data_parallel_check: Optional[Callable[[], None]] = None
+
+
+def set_data_parallel_check(check: Callable[[], None]) -> None:
+    """Installs what the mappings call, under a plain torch DDP, before their op."""
+    global _data_parallel_check
+    _data_parallel_check = check
+
 
 def _check_data_parallel_wrapper() -> None:
-    # A plain torch DDP around a model with shards is checked (and its shards'
-    # averaging set up) at its first forward: see shardtorch.nn.parallel.plain_ddp.
-    if _TorchDDP._active_ddp_module is not None:
-        from ..nn.parallel.plain_ddp import check_active_ddp
-        check_active_ddp()
+    if _TorchDDP._active_ddp_module is not None and _data_parallel_check is not None:
+        _data_parallel_check()
 
 
 def copy(input: torch.Tensor, group: str = TENSOR_PARALLEL) -> torch.Tensor:

@@ -29,6 +29,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
+from .shard_specs import registered_shards
 from .torch_state_dict import (full_state_dict_requested, gather_whole, is_whole_of, local_pieces,
                                refuse_under_fully_shard)
 
@@ -93,7 +94,6 @@ def _place(tensor: torch.Tensor, spec) -> Optional[tuple]:
 
 
 def _mark_module_entries(module, state_dict, prefix, local_metadata) -> None:
-    from .shard_facts import registered_shards
     full = None
     for name, spec in registered_shards(module).items():
         param = module._parameters.get(name)
@@ -147,7 +147,6 @@ def _is_state_of(value, param) -> bool:
 def _take_pieces_of_module_entries(module, state_dict, prefix, *args) -> None:
     """load_state_dict of a whole tensor where this rank holds a shard (torch's set_state_dict with
     full_state_dict=True gives whole tensors): this rank's pieces are taken from it."""
-    from .shard_facts import registered_shards
     for name, spec in registered_shards(module).items():
         shard = module._parameters.get(name)
         if shard is None:
@@ -201,7 +200,6 @@ def track(module: torch.nn.Module, name: str, spec) -> None:
 
 def track_parameters(model: torch.nn.Module) -> None:
     """Re-reads which parameter objects are shards (after they were replaced, e.g. materialized)."""
-    from .shard_facts import registered_shards
     for module in model.modules():
         for name, spec in registered_shards(module).items():
             param = module._parameters.get(name)

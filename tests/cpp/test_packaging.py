@@ -69,6 +69,18 @@ def test_configure_with_debians_cmake_first_on_path_uses_pips(tmp_path, old_debi
     assert f"SHARDTORCH_CUDA:STRING={'ON' if cuda == '1' else 'OFF'}" in cache
 
 
+@pytest.mark.parametrize("asked", [None, "1"])
+def test_the_test_doubles_are_built_only_when_asked_for(tmp_path, monkeypatch, asked):
+    """shardtorch._C_testing (the C++ core's test doubles) is a module of its own, built only with
+    SHARDTORCH_BUILD_TEST_DOUBLES=1 (scripts/test.sh sets it): a user's build has no target for it."""
+    monkeypatch.delenv("SHARDTORCH_BUILD_TEST_DOUBLES", raising=False)
+    proc, cache = _configure(tmp_path, SHARDTORCH_CUDA="0", **({"SHARDTORCH_BUILD_TEST_DOUBLES": asked} if asked else {}))
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert f"SHARDTORCH_BUILD_TEST_DOUBLES:BOOL={'ON' if asked else 'OFF'}" in cache
+    ninja = (tmp_path / "build" / "build.ninja").read_text()
+    assert ("_C_testing" in ninja) == bool(asked)
+
+
 def test_debians_cmake_builds_without_cuda_and_refuses_it_in_one_line(tmp_path, old_debian_cmake):
     proc, _ = _configure(tmp_path / "cpu", SHARDTORCH_CMAKE=old_debian_cmake, SHARDTORCH_CUDA="0")
     assert proc.returncode == 0, proc.stdout[-4000:]

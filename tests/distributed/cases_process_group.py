@@ -7,6 +7,7 @@ import torch
 import torch.distributed as dist
 
 import shardtorch as ts
+from tests.doubles import _C_testing
 
 
 def _reduce_ones() -> float:
@@ -56,8 +57,8 @@ def case_nccl_ids_travel_through_each_groups_store():
     ts.distributed.init_process_group(group_size=world)
     try:
         for name in ("tp", "dp", "world"):
-            first = ts._C._share_through_group_store(name, f"{name} id from rank {rank}".encode())
-            second = ts._C._share_through_group_store(name, f"{name} again from {rank}".encode())
+            first = _C_testing._share_through_group_store(name, f"{name} id from rank {rank}".encode())
+            second = _C_testing._share_through_group_store(name, f"{name} again from {rank}".encode())
             group_root = ts.distributed.get_group_ranks(name)[0]
             assert first == f"{name} id from rank {group_root}".encode(), first
             assert second == f"{name} again from {group_root}".encode(), second

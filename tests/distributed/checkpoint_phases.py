@@ -71,3 +71,18 @@ def outcome(module: str, phase: str) -> Outcome:
 
 def folder(module: str) -> str:
     return run_all()[1][module]
+
+
+def check(module: str, phase: str) -> None:
+    """Asserts that ``phase`` of ``module`` passed: no rank crashed, no case failed, and every case
+    its PHASES lists ran. A phase named killed_save is the exception: its ranks die midway through a
+    save (os._exit(17)), and that exit is what it must show."""
+    results = outcome(module, phase)
+    if phase == "killed_save":
+        assert isinstance(results, RuntimeError) and "exited with 17" in str(results), results
+        return
+    if isinstance(results, RuntimeError):  # a rank crashed
+        raise results
+    failed = {case: error for case, error in results.items() if error is not None}
+    assert not failed, "\n\n".join(f"{case}:\n{error}" for case, error in failed.items())
+    assert set(results) == set(_tables()[module][phase][2]), results

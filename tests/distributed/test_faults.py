@@ -3,10 +3,12 @@ the group and the collective within the timeout; SHARDTORCH_DEBUG names the rank
 whose collective disagrees."""
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
-from tests.distributed.harness import REPO, run_script
+from tests.distributed.harness import REPO, free_port, run_script
 
 SCRIPTS = os.path.join(REPO, "tests", "distributed", "scripts")
 
@@ -50,3 +52,18 @@ def test_debug_mode_names_the_rank_that_disagrees():
             assert error is not None, f"{name}: differing targets passed"
             assert "must hold the same target" in error and "global rank 1's differs" in error, error
             assert "first at element 3: 7 vs 4" in error, error
+
+
+def test_a_peer_that_exited_unreaped_is_told_from_a_live_one():
+    # Rank 1 is rank 0's own child and rank 0 never reaps it: it stays a zombie, which kill(pid, 0)
+    # takes for alive. The survivor must say that rank 1 exited, not time out waiting for it.
+    timeout = 30.0
+    done = subprocess.run([sys.executable, os.path.join(SCRIPTS, "zombie_peer.py"), str(free_port()),
+                           str(timeout)], cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1"),
+                          capture_output=True, text=True, timeout=120)
+    (survivor,) = _json_lines(done.stdout) or [None]
+    assert survivor is not None, (done.stdout + done.stderr)[-3000:]
+    error = survivor["error"]
+    assert error is not None, "the surviving rank's all-reduce did not fail"
+    assert f"rank 1 of the group (pid {survivor['child']}) exited" in error, error
+    assert "group 'tp'" in error and "all_reduce" in error and "timed out" not in error, error

@@ -20,6 +20,8 @@ mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
 export PYTHONUNBUFFERED=1 SHARDTORCH_CUDA=1 SHARDTORCH_CUDA_ARCH="${SHARDTORCH_CUDA_ARCH:-9.0}"
 export SHARDTORCH_JOBS="${SHARDTORCH_JOBS:-$(nproc)}" SHARDTORCH_BUILD_DIR=build/gpu
+# The GPU tests drive some of the C++ core's test doubles (shardtorch._C_testing) too.
+export SHARDTORCH_BUILD_TEST_DOUBLES=1
 # The CMake first: the CUDA part needs 3.25.2 or newer (docs/building.md).
 { cmake --version 2>&1 || echo "cmake: not found"; } | head -1 | tee "$OUT/gpu.txt"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$OUT/gpu.txt"

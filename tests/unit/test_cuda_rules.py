@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 import shardtorch as ts
 from shardtorch import _C
+from tests.doubles import _C_testing
 from shardtorch.distributed.state import groups_backend
 
 HOLD = 0.3
@@ -34,7 +35,7 @@ def _in_threads(fn, args):
 
 
 def _hold_in_threads(devices):
-    return _in_threads(lambda device: _C._hold_launch_lock(device, HOLD), devices)
+    return _in_threads(lambda device: _C_testing._hold_launch_lock(device, HOLD), devices)
 
 
 def _overlap(a, b):
@@ -68,7 +69,7 @@ def test_launch_lock_leaves_other_devices_free():
 
 def test_launch_lock_clock_is_pythons_monotonic():
     before = time.monotonic()
-    start, end = _C._hold_launch_lock("cuda:3", 0.01)
+    start, end = _C_testing._hold_launch_lock("cuda:3", 0.01)
     after = time.monotonic()
     assert before <= start <= end <= after
 
@@ -76,16 +77,16 @@ def test_launch_lock_clock_is_pythons_monotonic():
 def test_store_exchange_gives_every_rank_the_roots_bytes():
     payload = b"\x00unique id\xff" * 10  # NUL and non-UTF-8 bytes must survive
     for root in (0, 2):
-        received = _C._share_through_store_threads(4, payload, root)
+        received = _C_testing._share_through_store_threads(4, payload, root)
         assert received == [payload] * 4
 
 
 def test_exchange_keys_are_fresh_per_scope():
     # Every rank counts its own creations: the n-th exchange of a scope gets
     # the same key on every rank, and never a key used before.
-    first = _C._next_exchange_key("test/keys/tp")
-    second = _C._next_exchange_key("test/keys/tp")
-    other = _C._next_exchange_key("test/keys/dp")
+    first = _C_testing._next_exchange_key("test/keys/tp")
+    second = _C_testing._next_exchange_key("test/keys/tp")
+    other = _C_testing._next_exchange_key("test/keys/dp")
     assert first == "test/keys/tp/0" and second == "test/keys/tp/1"
     assert other == "test/keys/dp/0"
 
@@ -93,7 +94,7 @@ def test_exchange_keys_are_fresh_per_scope():
 def test_nccl_unique_id_key_is_the_groups_not_the_devices():
     # The ranks of one group sit on different GPUs: a key naming the rank's
     # device made rank 1 (cuda:1) wait for a key rank 0 (cuda:0) never wrote.
-    assert _C._nccl_unique_id_scope("tp") == "shardtorch/nccl_unique_id/tp"
+    assert _C_testing._nccl_unique_id_scope("tp") == "shardtorch/nccl_unique_id/tp"
 
 
 def test_ranks_on_cuda0_and_cuda1_get_rank0s_nccl_id_within_a_second():
@@ -101,7 +102,7 @@ def test_ranks_on_cuda0_and_cuda1_get_rank0s_nccl_id_within_a_second():
     # cuda:1), build NcclCommunicator's key and exchange over one HashStore
     # whose waits time out after 1 s: a rank that waited on another key fails.
     payload = bytes(range(128))  # an ncclUniqueId is 128 bytes
-    received, errors, seconds = _C._share_nccl_unique_id_threads("tp", payload, world=2, timeout=1.0)
+    received, errors, seconds = _C_testing._share_nccl_unique_id_threads("tp", payload, world=2, timeout=1.0)
     assert errors == [] and received == [payload, payload], errors
     assert seconds < 1.0, seconds
 
@@ -109,8 +110,8 @@ def test_ranks_on_cuda0_and_cuda1_get_rank0s_nccl_id_within_a_second():
 def test_teardown_depends_only_on_whether_the_communicator_failed():
     # Healthy ranks never choose from work counts (which lag the GPU
     # differently on each rank): they all drain, then destroy.
-    assert _C._nccl_teardown(False) == "drain_then_destroy"
-    assert _C._nccl_teardown(True) == "release"
+    assert _C_testing._nccl_teardown(False) == "drain_then_destroy"
+    assert _C_testing._nccl_teardown(True) == "release"
 
 
 @pytest.fixture
@@ -123,11 +124,11 @@ def fake_group(world_of_one):
 
 def test_communicators_are_per_full_device_and_made_once(fake_group):
     calls = ["cuda:1"] * 6 + ["cuda:0"] * 6
-    with _C._FakeCudaCommunicators(delay=0.3) as fake:
-        got = _in_threads(lambda device: _C._communicator_backend(fake_group, device), calls)
+    with _C_testing._FakeCudaCommunicators(delay=0.3) as fake:
+        got = _in_threads(lambda device: _C_testing._communicator_backend(fake_group, device), calls)
         created = sorted(fake.created)
         # Later calls reuse them.
-        assert _C._communicator_backend(fake_group, "cuda:1") == got[0]
+        assert _C_testing._communicator_backend(fake_group, "cuda:1") == got[0]
     assert created == [f"{fake_group}@cuda:0", f"{fake_group}@cuda:1"], created
     assert len(set(got[:6])) == 1 and len(set(got[6:])) == 1, got
     assert got[0] != got[6]
@@ -135,9 +136,9 @@ def test_communicators_are_per_full_device_and_made_once(fake_group):
 
 
 def test_a_device_without_index_is_refused(fake_group):
-    with _C._FakeCudaCommunicators():
+    with _C_testing._FakeCudaCommunicators():
         with pytest.raises(RuntimeError, match="full device"):
-            _C._communicator_backend(fake_group, "cuda")
+            _C_testing._communicator_backend(fake_group, "cuda")
 
 
 @pytest.mark.parametrize("config,expected", [
@@ -163,7 +164,7 @@ def test_new_groups_follow_the_default_backend(monkeypatch):
 @pytest.fixture
 def group_without_cpu_backend(world_of_one):
     name = "test_nccl_only"
-    _C._register_group_without_cpu_backend(name)
+    _C_testing._register_group_without_cpu_backend(name)
     yield name
     _C.unregister_group(name)
 
@@ -175,6 +176,6 @@ def test_cpu_tensors_on_a_group_without_cpu_backend_get_a_clear_error(group_with
 
 def test_nccl_id_travels_through_the_store_of_any_group(group_without_cpu_backend):
     payload = b"\x01\x00" * 64  # an ncclUniqueId is 128 bytes
-    assert _C._share_through_group_store(group_without_cpu_backend, payload) == payload
+    assert _C_testing._share_through_group_store(group_without_cpu_backend, payload) == payload
     # A Gloo group's store works the same way.
-    assert _C._share_through_group_store("tp", payload) == payload
+    assert _C_testing._share_through_group_store("tp", payload) == payload

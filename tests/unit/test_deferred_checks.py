@@ -16,17 +16,18 @@ import torch.distributed as dist
 
 import shardtorch as ts
 from shardtorch import _C
+from tests.doubles import _C_testing
 
 LAG = _C._DEFERRED_CHECK_LAG
 ROOT = pathlib.Path(__file__).parents[2]
 
 
 def test_the_lag_lets_the_host_run_several_collectives_ahead():
-    assert LAG == 8 == _C._FakeDeferredChecks().lag
+    assert LAG == 8 == _C_testing._FakeDeferredChecks().lag
 
 
 def test_launches_within_the_lag_never_wait_for_a_pending_check():
-    checks = _C._FakeDeferredChecks()
+    checks = _C_testing._FakeDeferredChecks()
     checks.before_launch()                # the collective whose values are checked
     checks.add([0.0, 0.0], ready=False)   # the GPU has not copied them yet
     for _ in range(LAG - 1):
@@ -37,7 +38,7 @@ def test_launches_within_the_lag_never_wait_for_a_pending_check():
 
 
 def test_a_check_is_waited_for_only_if_its_copy_is_not_ready_when_due():
-    checks = _C._FakeDeferredChecks()
+    checks = _C_testing._FakeDeferredChecks()
     for ordinal in range(1, 4 * LAG + 1):
         checks.before_launch()
         checks.add([0.0], ready=False)
@@ -49,7 +50,7 @@ def test_a_check_is_waited_for_only_if_its_copy_is_not_ready_when_due():
 
 
 def test_a_failed_check_raises_at_the_lagth_launch_not_when_its_copy_is_ready():
-    checks = _C._FakeDeferredChecks()
+    checks = _C_testing._FakeDeferredChecks()
     checks.before_launch()
     checks.add([0.0, 3.0], ready=True)    # ready at once: still not raised before its launch
     for _ in range(LAG - 1):
@@ -86,12 +87,12 @@ def test_every_simulated_rank_raises_at_the_same_launch_whatever_its_gpus_pace(b
     # Ranks whose GPUs finish each copy at once, 3 launches later, LAG launches later, or
     # never in time (the host waits): the same gathered values, the same verdict, the same launch.
     paces = [0, 3, LAG, None]
-    raised = [_program(_C._FakeDeferredChecks(), bad_at, launches=40, ready_after=pace) for pace in paces]
+    raised = [_program(_C_testing._FakeDeferredChecks(), bad_at, launches=40, ready_after=pace) for pace in paces]
     assert raised == [(bad_at + LAG, f"fake check {bad_at - 1} failed")] * len(paces), raised
 
 
 def test_a_check_after_the_last_launch_is_given_by_settle_all():
-    checks = [_C._FakeDeferredChecks() for _ in range(3)]
+    checks = [_C_testing._FakeDeferredChecks() for _ in range(3)]
     for rank, rank_checks in enumerate(checks):
         raised = _program(rank_checks, bad_at=20, launches=20, ready_after=rank)
         assert raised == ("end", "fake check 19 failed"), (rank, raised)
@@ -99,7 +100,7 @@ def test_a_check_after_the_last_launch_is_given_by_settle_all():
 
 
 def test_every_due_check_is_given_even_when_one_fails():
-    checks = _C._FakeDeferredChecks(lag=2)
+    checks = _C_testing._FakeDeferredChecks(lag=2)
     checks.before_launch()
     checks.add([5.0])        # two checks on one collective, both bad
     checks.add([6.0])
@@ -111,7 +112,7 @@ def test_every_due_check_is_given_even_when_one_fails():
 
 
 def test_a_rank_that_left_is_told_even_when_another_failure_comes_first():
-    checks = _C._FakeDeferredChecks(lag=1)
+    checks = _C_testing._FakeDeferredChecks(lag=1)
     checks.before_launch()
     checks.add([1.0])                    # found on the device
     checks.add([2.0], a_rank_left=True)  # a rank raised alone: the peers must abort
@@ -124,7 +125,7 @@ def test_a_rank_that_left_is_told_even_when_another_failure_comes_first():
 
 def test_the_lag_must_be_positive():
     with pytest.raises(RuntimeError, match="lag must be at least 1, got 0"):
-        _C._FakeDeferredChecks(lag=0)
+        _C_testing._FakeDeferredChecks(lag=0)
 
 
 def test_the_nccl_communicator_defers_its_checks_by_this_rule():
@@ -146,7 +147,7 @@ def test_after_a_verdict_that_a_rank_left_the_host_aborts_first_and_waits_for_no
     # A rank raised alone at the collective of check 0 (every rank joined that one, so its copy
     # arrives); the collectives launched after it wait for that rank forever, and so would the
     # copies behind them. check_deferred (settle_all) must abort first and read none of them.
-    checks = _C._FakeDeferredChecks()
+    checks = _C_testing._FakeDeferredChecks()
     checks.before_launch()
     checks.add([1.0], a_rank_left=True)          # not on the host yet, but it will arrive
     for _ in range(3):
@@ -162,7 +163,7 @@ def test_after_a_verdict_that_a_rank_left_the_host_aborts_first_and_waits_for_no
 def test_a_rank_left_verdict_at_a_launch_drops_the_copies_queued_behind_it():
     # The same verdict given at its LAG-th launch: the checks made since are never waited for,
     # neither then nor at the launches after it.
-    checks = _C._FakeDeferredChecks()
+    checks = _C_testing._FakeDeferredChecks()
     checks.before_launch()
     checks.add([2.0], a_rank_left=True, ready=True)
     for _ in range(LAG - 1):
@@ -182,29 +183,29 @@ def test_a_rank_left_verdict_at_a_launch_drops_the_copies_queued_behind_it():
 def fake_cuda_group(world_of_one):
     name = "test_deferred_checks"
     _C.register_group(name, dist.group.WORLD.group_name, [0])
-    with _C._FakeCudaCommunicators():
+    with _C_testing._FakeCudaCommunicators():
         yield name
     _C.unregister_group(name)
 
 
 def test_a_deferred_check_comes_at_the_groups_lagth_launch(fake_cuda_group):
-    _C._launch(fake_cuda_group, "cuda:0")
-    _C._raise_if(fake_cuda_group, "cuda:0", [0.0, 2.0])
+    _C_testing._launch(fake_cuda_group, "cuda:0")
+    _C_testing._raise_if(fake_cuda_group, "cuda:0", [0.0, 2.0])
     for _ in range(LAG - 1):
-        _C._launch(fake_cuda_group, "cuda:0")
+        _C_testing._launch(fake_cuda_group, "cuda:0")
     assert _C._deferred_check_counts(fake_cuda_group)["pending"] == 1
     with pytest.raises(RuntimeError, match="test check failed: a value is 2"):
-        _C._launch(fake_cuda_group, "cuda:0")
+        _C_testing._launch(fake_cuda_group, "cuda:0")
 
 
 def test_check_deferred_gives_the_pending_checks_now(fake_cuda_group):
-    _C._launch(fake_cuda_group, "cuda:1")
-    _C._raise_if(fake_cuda_group, "cuda:1", [3.0])
+    _C_testing._launch(fake_cuda_group, "cuda:1")
+    _C_testing._raise_if(fake_cuda_group, "cuda:1", [3.0])
     ts.distributed.check_deferred("tp")  # another group: nothing pending there
     with pytest.raises(RuntimeError, match="test check failed: a value is 3"):
         ts.distributed.check_deferred(fake_cuda_group)
     ts.distributed.check_deferred()  # given once
-    _C._raise_if(fake_cuda_group, "cuda:1", [4.0])
+    _C_testing._raise_if(fake_cuda_group, "cuda:1", [4.0])
     with pytest.raises(RuntimeError, match="test check failed: a value is 4"):
         ts.distributed.check_deferred()  # every group
     assert _C._deferred_check_counts(fake_cuda_group)["pending"] == 0
@@ -222,12 +223,12 @@ def test_destroy_process_group_raises_what_no_collective_came_to_give(tmp_path):
     script = textwrap.dedent(f"""
         import torch.distributed as dist
         import shardtorch as ts
-        from shardtorch import _C
+        from shardtorch import _C, _C_testing
         dist.init_process_group("gloo", store=dist.FileStore({str(tmp_path / 'store')!r}, 1), rank=0, world_size=1)
         ts.distributed.init_process_group(group_size=1)
-        fake = _C._FakeCudaCommunicators()
-        _C._launch("tp", "cuda:0")
-        _C._raise_if("tp", "cuda:0", [0.0, 9.0])  # the last step's loss: no collective follows
+        fake = _C_testing._FakeCudaCommunicators()
+        _C_testing._launch("tp", "cuda:0")
+        _C_testing._raise_if("tp", "cuda:0", [0.0, 9.0])  # the last step's loss: no collective follows
         try:
             ts.distributed.destroy_process_group()
         except RuntimeError as error:

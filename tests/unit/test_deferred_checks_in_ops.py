@@ -1,5 +1,5 @@
 """The cross-entropy ops' deferred argument checks across ranks, on CPU, with the ranks of one group
-simulated in this process (``_C._SimulatedGroup``: one communicator per rank, each under a group name
+simulated in this process (``_C_testing._SimulatedGroup``: one communicator per rank, each under a group name
 of its own, driven from a thread of its own). Its collectives behave for the host as NCCL's do: a
 launch never blocks, a collective completes once every rank launched it, and a check's copy arrives
 when its collective completes, so that a copy behind a collective that a rank never joins never
@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from shardtorch import _C
+from tests.doubles import _C_testing
 
 LAG = _C._DEFERRED_CHECK_LAG
 NAMES = ["simulated_rank0", "simulated_rank1"]
@@ -28,7 +29,7 @@ def simulated(world_of_one):
     for name in NAMES:
         _C.register_group(name, dist.group.WORLD.group_name, [0])
     try:
-        with _C._SimulatedGroup(NAMES, hang_seconds=HANG_SECONDS) as sim:
+        with _C_testing._SimulatedGroup(NAMES, hang_seconds=HANG_SECONDS) as sim:
             yield sim
     finally:
         for name in NAMES:

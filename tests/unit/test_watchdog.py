@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from shardtorch import _C
+from tests.doubles import _C_testing
 
 POLL = 0.01
 
@@ -52,7 +52,7 @@ class FakeBackend:
 
 
 def _watchdog(backend, timeout, policy="raise", group="group 'tp' (rank 1 of 2, fake)", on_thread_start=None):
-    return _C._CollectiveWatchdog(group, timeout, backend.async_error, backend.abort, policy=policy,
+    return _C_testing._CollectiveWatchdog(group, timeout, backend.async_error, backend.abort, policy=policy,
                                   poll_interval=POLL, on_thread_start=on_thread_start)
 
 
@@ -197,9 +197,9 @@ def test_timeout_must_be_positive(bad):
 
 _TERMINATE = """
 import sys, time
-from shardtorch import _C
+from shardtorch import _C_testing
 start = time.monotonic()
-watchdog = _C._CollectiveWatchdog("group 'tp' (rank 0 of 2, fake)", 0.3, lambda: "",
+watchdog = _C_testing._CollectiveWatchdog("group 'tp' (rank 0 of 2, fake)", 0.3, lambda: "",
                                   lambda: print("ABORT CALLED", flush=True), policy="env", poll_interval=0.01)
 watchdog.watch("all_reduce", lambda: True, lambda: False)
 time.sleep(30)
@@ -238,8 +238,8 @@ def test_unknown_policy_is_an_error_naming_the_choices():
 
 _LAST_REFERENCE_ON_ITS_THREAD = """
 import threading, time
-from shardtorch import _C
-holder = [_C._CollectiveWatchdog("group 'tp' (rank 0 of 2, fake)", 30.0, lambda: "", lambda: None,
+from shardtorch import _C_testing
+holder = [_C_testing._CollectiveWatchdog("group 'tp' (rank 0 of 2, fake)", 30.0, lambda: "", lambda: None,
                                  poll_interval=0.01)]
 dropped = threading.Event()
 def done():

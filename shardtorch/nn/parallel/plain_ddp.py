@@ -34,6 +34,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 from ...distributed import state
+from ...distributed.mappings import set_data_parallel_check
 from ...utils.shard_facts import named_parameter_shards
 from .distributed import _broadcast_from_first_rank
 from .sharded_gradients import ShardedGradientAverager
@@ -78,6 +79,9 @@ def check_active_ddp() -> None:
     if not hasattr(ddp, "sharded_gradient_averager"):  # else ts.nn.parallel.DistributedDataParallel set it up
         _complete(ddp)  # raises again at every forward of a DDP it refuses
     setattr(ddp, _CHECKED_ATTR, True)
+
+
+set_data_parallel_check(check_active_ddp)  # the mappings (ts.distributed.copy, ...) call it too
 
 
 def _complete(ddp: TorchDDP) -> None:

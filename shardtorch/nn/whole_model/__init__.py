@@ -10,7 +10,7 @@ hf_methods.py (save_pretrained, push_to_hub and generate of a parallelized
 Hugging Face model), apply.py (``parallelize``), left_whole.py (what stays
 whole), report.py (``verbose``); pretrained.py (``from_pretrained``,
 ``from_config``: models no rank holds whole) with model_source.py,
-meta_build.py, materialize.py and init_replay.py. See docs/parallelize.md and
+meta_build.py, checkpoint_keys.py, materialize.py and init_replay.py. See docs/parallelize.md and
 docs/pretrained.md.
 """
 from .apply import parallelize

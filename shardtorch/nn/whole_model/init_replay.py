@@ -40,13 +40,6 @@ class InitReplayError(RuntimeError):
     """A tensor whose initialisation cannot be reproduced on this rank's slice."""
 
 
-def _numel(shape: Sequence[int]) -> int:
-    count = 1
-    for n in shape:
-        count *= n
-    return count
-
-
 def draw_pieces(write: Write, shape: Sequence[int], dtype: torch.dtype, generator: torch.Generator,
                 dim: int = 0, pieces: Optional[List[Tuple[int, int]]] = None,
                 out: Optional[torch.Tensor] = None) -> None:
@@ -60,13 +53,15 @@ def draw_pieces(write: Write, shape: Sequence[int], dtype: torch.dtype, generato
     in order, turns each aligned block of 16 into normals, and when the size is
     not a multiple of 16 draws 16 more for the last 16 elements. So chunks of
     multiples of 16 elements, the last one of at least 16, draw what the whole
-    tensor draws, element for element (tested per dtype in
-    tests/unit/test_init_replay.py). Tensors under 16 elements are drawn whole."""
-    total = _numel(shape)
+    tensor draws, element for element (tests/distributed/cases_pretrained.py's
+    case_fresh_models_draw_the_unsharded_models_slices holds every weight of
+    five float32 models bitwise to the unsharded draw). Tensors under 16
+    elements are drawn whole."""
+    total = math.prod(shape)
     if total == 0:
         return
     dims = list(shape) or [1]
-    outer, length, inner = _numel(dims[:dim]), dims[dim], _numel(dims[dim + 1:])
+    outer, length, inner = math.prod(dims[:dim]), dims[dim], math.prod(dims[dim + 1:])
     row = length * inner
     grain = 16 if write.func.overloadpacket is aten.normal_ else 1  # normal_'s aligned blocks
     aligned = row * grain // math.gcd(row, grain)

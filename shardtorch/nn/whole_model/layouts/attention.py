@@ -6,7 +6,7 @@ Llama family, Mistral, Qwen2/3, Gemma 1-3, OLMo 2, StableLM, Mixtral, OPT,
 GPT-J; ``q_lin/k_lin/v_lin/out_lin``: DistilBERT; ``q/k/v/o``: T5, self- and
 cross-attention; ``query/key/value/proj``: minGPT) and the head geometry by
 the projections' sizes and the head bookkeeping the module declares
-(heads/module.py). Beside the projections it accepts norms per head, RMS
+(heads.py). Beside the projections it accepts norms per head, RMS
 norms over a whole projection and a relative position bias by head; any
 other parameter makes it unknown (left whole).
 
