@@ -138,3 +138,17 @@ def case_ranks_holding_different_models_are_refused_before_the_split():
     expect_error(lambda: ts.nn.parallelize(model), "hold different models", "torch.manual_seed",
                  exception=ValueError)
     assert model.transformer.h[0].attn.c_attn.weight.shape == (60, 180), "split before the refusal"
+
+
+def case_gradients_alone_wrong_are_refused():
+    """A split whose outputs agree and whose gradients do not (sequence parallelism without the sums of
+    the norms' partial gradients, as loading once lost them) is refused, naming those parameters."""
+    from shardtorch.nn.whole_model import apply
+    original = apply._sum_gradients_of
+    apply._sum_gradients_of = lambda block, names, group: None
+    try:
+        expect_error(lambda: ts.nn.parallelize(_built(models.llama), sequence_parallel=True),
+                     "the gradients of", "layernorm.weight", "while the outputs agree", "sequence_parallel=True",
+                     exception=ParallelizeProofError)
+    finally:
+        apply._sum_gradients_of = original

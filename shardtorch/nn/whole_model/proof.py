@@ -6,9 +6,10 @@ a head-minor view of q/k/v, a log-softmax over the vocabulary, an operation acro
 the split the whole model runs a small probe batch, in eval mode (its outputs) and in training mode
 with dropout off (its outputs and, through a fixed random weighting of them, a sketch of every
 parameter's gradient); after the split the parallel model runs the same. The sketch of a gradient
-``g`` is ``(<g, R>, |g|^2)`` with ``R`` drawn from the parameter's name, so no whole gradient is
-ever kept (each is reduced as soon as it is accumulated) and a shard's part is its slice of ``R``,
-summed over the group.
+``g`` is ``(<g, R>, |g|^2)`` with ``R`` a product of one random vector per dimension drawn from the
+parameter's name: no whole gradient is kept (each is reduced as soon as it is accumulated), R is
+never formed (<g, R> is a chain of matrix-vector products), and a shard's part uses its slice of the
+split dimension's vector, summed over the group.
 
 What "the same" means is a relative error (the Frobenius norm of the difference over that of the
 whole value) below a bound for the dtype: 1e-6 for float64, 1e-3 for float32, 5e-2 for bfloat16 and
@@ -222,10 +223,28 @@ def _weights_for(outputs: Sequence[torch.Tensor]) -> List[torch.Tensor]:
     return [torch.randn(o.shape, generator=g, dtype=torch.float64).to(o.device, o.dtype) for o in outputs]
 
 
-def _direction(name: str, shape, device, dtype) -> torch.Tensor:
-    """R of a parameter: drawn from its name, so that both runs, and every rank, draw the same."""
+def _factors(name: str, shape, device, dtype) -> List[torch.Tensor]:
+    """R of a parameter, as one vector per dimension: R[i, j, ...] = u0[i] * u1[j] * ... with unit-variance
+    entries drawn from the parameter's name, so that both runs and every rank draw the same, and neither
+    R nor a float64 copy of the gradient is ever formed (<g, R> is a chain of matrix-vector products)."""
     g = _generator(zlib.crc32(name.encode()))
-    return torch.randn(tuple(shape), generator=g, dtype=torch.float64).to(device, dtype)
+    return [torch.randn(n, generator=g, dtype=torch.float64).to(device, dtype) for n in shape]
+
+
+def _sketch(grad: torch.Tensor, factors: List[torch.Tensor]) -> torch.Tensor:
+    """float64 [<grad, R>, |grad|^2] (R from ``factors``), in the gradient's own dtype (float32 or
+    float64: a 16-bit model is proven in float32)."""
+    dot = grad
+    for u in reversed(factors):  # each product contracts the last dimension
+        dot = dot @ u
+    norm = torch.linalg.vector_norm(grad)
+    return torch.stack([dot.to(torch.float64), norm.to(torch.float64) ** 2]).cpu()
+
+
+def _shard_of(vector: torch.Tensor, layout) -> torch.Tensor:
+    """This rank's pieces of a factor along the split dimension, in the order its shard stores them."""
+    pieces = [vector[offset:offset + length] for offset, length in layout.pieces_of(layout.group_rank)]
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
 
 
 class Record:
@@ -297,9 +316,7 @@ def whole_sketch(model: nn.Module, record: Record) -> Callable[[], None]:
 
         def hook(param, name=name):
             g = param.grad
-            r = _direction(name, g.shape, g.device, torch.float64)
-            g64 = g.to(torch.float64)
-            record.sketches[name] = torch.stack([(g64 * r).sum(), (g64 * g64).sum()]).cpu()
+            record.sketches[name] = _sketch(g, _factors(name, g.shape, g.device, g.dtype))
             param.grad = None
         handles.append(p.register_post_accumulate_grad_hook(hook))
 
@@ -310,30 +327,41 @@ def whole_sketch(model: nn.Module, record: Record) -> Callable[[], None]:
 
 
 def parallel_sketch(layouts: Dict[str, object], group: str) -> Callable[[nn.Module, Record], Callable[[], None]]:
-    """The same sketches from the shards: after the backward (the hooks that sum partial gradients
-    under sequence parallelism have run by then), each sharded parameter's part of <g, R> and |g|^2
-    with its slice of R, summed over the group in one all-reduce."""
+    """The same sketches from the shards, each taken once its gradient is accumulated (after the hooks
+    that sum partial gradients under sequence parallelism, which act on the gradient before that): a
+    sharded parameter's part of <g, R> with its slice of R's factor along the split dimension and its
+    part of |g|^2, summed over the group in one all-reduce after the backward."""
     def arm(model: nn.Module, record: Record) -> Callable[[], None]:
-        def finish():
-            sharded_names, sharded_values = [], []
-            for name, p in model.named_parameters():
-                if p.grad is None:
-                    continue
-                g = p.grad.to(torch.float64)
+        sharded: Dict[str, torch.Tensor] = {}
+        handles = []
+        for name, p in model.named_parameters():
+            if not p.requires_grad:
+                continue
+
+            def hook(param, name=name):
+                g = param.grad
                 layout = layouts.get(name)
                 if layout is not None and layout.sharded:
-                    r = layout.take(_direction(name, layout.full_shape, g.device, torch.float64), layout.group_rank)
-                    sharded_names.append(name)
-                    sharded_values.append(torch.stack([(g * r).sum(), (g * g).sum()]).cpu())
+                    factors = _factors(name, layout.full_shape, g.device, g.dtype)
+                    factors[layout.dim] = _shard_of(factors[layout.dim], layout)
+                    sharded[name] = _sketch(g, factors)
                 else:
-                    r = _direction(name, g.shape, g.device, torch.float64)
-                    record.sketches[name] = torch.stack([(g * r).sum(), (g * g).sum()]).cpu()
-            if sharded_names:
-                packed = torch.stack(sharded_values)
-                if state.get_group_size(group) > 1:
-                    dist.all_reduce(packed, group=state.get_group(group))
-                for name, values in zip(sharded_names, packed):
-                    record.sketches[name] = values
+                    record.sketches[name] = _sketch(g, _factors(name, g.shape, g.device, g.dtype))
+                param.grad = None
+            handles.append(p.register_post_accumulate_grad_hook(hook))
+
+        def finish():
+            for h in handles:
+                h.remove()
+            names = sorted(name for name, layout in layouts.items() if layout.sharded and name in
+                           dict(model.named_parameters()))
+            if not names:
+                return
+            packed = torch.stack([sharded.get(name, torch.zeros(2, dtype=torch.float64)) for name in names])
+            if state.get_group_size(group) > 1:
+                dist.all_reduce(packed, group=state.get_group(group))
+            for name, values in zip(names, packed):
+                record.sketches[name] = values
         return finish
     return arm
 
