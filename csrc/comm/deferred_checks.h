@@ -35,11 +35,17 @@ namespace comm {
 // the check a rank failed was one only it could make, known on its host, so it
 // raised at once (Communicator::raised_alone) and joins no later collective:
 // the collectives launched since wait for it forever (the communicator aborts).
+//
+// When several due checks fail at once, the first one's error is raised; if a
+// later one of them says a rank left, its error travels apart in
+// later_rank_left (the communicator is aborted all the same), so that the
+// departure is never pinned on an earlier, unrelated error.
 struct CheckOutcome {
   CheckOutcome(std::string error_ = std::string(), bool a_rank_left_ = false)
       : error(std::move(error_)), a_rank_left(a_rank_left_) {}
   std::string error;
   bool a_rank_left;
+  std::string later_rank_left;
 };
 using CheckVerdict = std::function<CheckOutcome(const std::vector<double>&)>;
 
@@ -145,9 +151,14 @@ class DeferredChecks {
       }
       ++settled_;
       CheckOutcome outcome = check.verdict(check.copy.values());
-      if (first.error.empty()) first = std::move(outcome);
-      if (outcome.a_rank_left || first.a_rank_left) {
-        first.a_rank_left = true;
+      const bool rank_left = outcome.a_rank_left;
+      if (first.error.empty()) {
+        first = std::move(outcome);
+      } else if (rank_left) {
+        first.later_rank_left =
+            outcome.error.empty() ? std::string("a rank left") : std::move(outcome.error);
+      }
+      if (rank_left) {
         rank_left_locked();
         break;
       }
@@ -204,6 +215,10 @@ inline void raise_failed_check(const CheckOutcome& failed, const std::string& co
   if (failed.error.empty()) return;
   TORCH_CHECK(!failed.a_rank_left, failed.error,
               " (that rank raised at once and left the group's collectives: this rank's ",
+              communicator, " is aborted)");
+  TORCH_CHECK(failed.later_rank_left.empty(), failed.error, " (then a later check: \"",
+              failed.later_rank_left,
+              "\": that rank raised at once and left the group's collectives: this rank's ",
               communicator, " is aborted)");
   TORCH_CHECK(false, failed.error);
 }

@@ -393,7 +393,9 @@ class FakeDeferredChecks {
 
  private:
   static void raise(const comm::CheckOutcome& failed) {
-    TORCH_CHECK(failed.error.empty(), failed.error, failed.a_rank_left ? " (a rank left)" : "");
+    TORCH_CHECK(failed.error.empty(), failed.error, failed.a_rank_left ? " (a rank left)" : "",
+                failed.later_rank_left.empty() ? "" : " (then a rank left: ",
+                failed.later_rank_left, failed.later_rank_left.empty() ? "" : ")");
   }
   std::vector<std::string> events_;
   comm::DeferredChecks checks_;
