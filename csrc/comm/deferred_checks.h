@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -100,6 +101,7 @@ class DeferredChecks {
   [[nodiscard]] CheckOutcome before_launch() {
     std::lock_guard<std::mutex> lock(mutex_);
     ++launches_;
+    if (!held_.error.empty()) return std::exchange(held_, CheckOutcome());
     return settle_locked(launches_);
   }
 
@@ -108,7 +110,45 @@ class DeferredChecks {
   // it returns do (every rank at the same point of its program).
   [[nodiscard]] CheckOutcome settle_all() {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (!held_.error.empty()) return std::exchange(held_, CheckOutcome());
     return settle_locked(INT64_MAX);
+  }
+
+  // From another thread (the watchdog's, at each of its polls), never
+  // blocking: looks at the pending checks whose copies are ready, in order,
+  // and when one of them says a rank left, aborts at once (the collectives
+  // launched since, and a host sync behind them, return instead of waiting
+  // for the group's timeout) and holds that verdict for the next launch or
+  // settle, which raise it. Any other verdict is only computed early: it is
+  // still given at its due launch, as on every rank. Skipped while a settle
+  // holds the lock (it gives the same verdicts itself).
+  void poll() {
+    std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+    if (!lock.owns_lock() || a_rank_left_) return;
+    for (size_t i = 0; i < pending_.size(); ++i) {
+      Pending& check = pending_[i];
+      if (!check.outcome) {
+        if (!check.copy.ready()) return;  // in launch order: the rest come later
+        check.outcome = std::make_shared<CheckOutcome>(check.verdict(check.copy.values()));
+      }
+      if (!check.outcome->a_rank_left) continue;
+      // Given now, with the checks before it (as settle_locked gives them).
+      CheckOutcome first;
+      for (size_t j = 0; j <= i; ++j) {
+        CheckOutcome& outcome = *pending_[j].outcome;
+        ++settled_;
+        if (first.error.empty()) {
+          first = std::move(outcome);
+        } else if (j == i) {
+          first.later_rank_left =
+              outcome.error.empty() ? std::string("a rank left") : std::move(outcome.error);
+        }
+      }
+      pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+      held_ = std::move(first);
+      rank_left_locked();
+      return;
+    }
   }
 
   // Whether a verdict said a rank left (the abort ran).
@@ -133,6 +173,7 @@ class DeferredChecks {
     int64_t due;  // the launch before which its verdict is given
     CheckCopy copy;
     CheckVerdict verdict;
+    std::shared_ptr<CheckOutcome> outcome;  // computed early by poll(), not yet given
   };
 
   // Checks are added in launch order, so the due ones are at the front, and a
@@ -145,12 +186,13 @@ class DeferredChecks {
     while (!pending_.empty() && pending_.front().due <= up_to) {
       Pending check = std::move(pending_.front());
       pending_.pop_front();
-      if (!check.copy.ready()) {
+      if (!check.outcome && !check.copy.ready()) {
         ++waits_;
         check.copy.wait();
       }
       ++settled_;
-      CheckOutcome outcome = check.verdict(check.copy.values());
+      CheckOutcome outcome =
+          check.outcome ? std::move(*check.outcome) : check.verdict(check.copy.values());
       const bool rank_left = outcome.a_rank_left;
       if (first.error.empty()) {
         first = std::move(outcome);
@@ -185,6 +227,7 @@ class DeferredChecks {
   int64_t waits_ = 0;
   int64_t dropped_ = 0;
   bool a_rank_left_ = false;
+  CheckOutcome held_;  // a verdict that a rank left, found by poll(), not yet raised
 };
 
 // This rank's own departure: a check only it could make failed on its host, it

@@ -177,3 +177,34 @@ def test_a_healthy_group_raises_nothing_and_settles_every_check(simulated):
         counts = simulated.counts(r)
         assert counts["pending"] == 0 and counts["settled"] == 1 and counts["dropped"] == 0, counts
         assert not simulated.aborted(r) and simulated.stuck(r) == 0
+
+
+def test_a_backward_collective_after_a_rank_left_does_not_wait_for_the_timeout(simulated):
+    # parallel_cross_entropy after a column-parallel linear layer: the healthy rank's forward
+    # returns (a NaN loss) before the verdict is due, and its backward launches the input
+    # gradient's all-reduce, which the rank that left never joins. The watchdog reads the check's
+    # copy as soon as it is on the host and aborts: the backward, or the host sync after it
+    # (loss.item()), raises the verdict; neither waits for the group's timeout.
+    x = torch.randn(4, 8, generator=g(7))
+    target = TARGET
+
+    def program(local, group, sync):
+        def run():
+            weight = torch.randn(local, 8, generator=g(8))
+            inp = x.clone().requires_grad_()
+            logits = torch.ops.shard.parallel_linear(inp, weight, None, 1, group)
+            loss = torch.ops.shard.parallel_cross_entropy(logits, target, None, -100, 0.0, 0.0, 1, group, 10)
+            loss.backward()
+            if sync:
+                simulated.synchronize(0)  # loss.item()
+                _C.check_deferred(group)   # the next step's first collective, at the latest
+            return loss.item()
+        return run
+
+    results = run_ranks(program(5, NAMES[0], True), program(6, NAMES[1], False))
+    assert results[1][0] == "raised" and MESSAGES["shard size"] in results[1][1], results
+    assert results[0][0] == "raised", results
+    assert "group rank 1 failed a check" in results[0][1], results
+    assert f"communicator for group '{NAMES[0]}' is aborted" in results[0][1], results
+    assert simulated.aborted(0) and simulated.stuck(0) == 0
+    simulated.synchronize(0)
