@@ -107,7 +107,8 @@ class DeferredChecks {
 
   // Settles every pending check now (waiting for copies not ready): what
   // ts.distributed.check_deferred(), the group's destruction and an op before
-  // it returns do (every rank at the same point of its program).
+  // its own host read of the group's collectives do (every rank at the same
+  // point of its program).
   [[nodiscard]] CheckOutcome settle_all() {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!held_.error.empty()) return std::exchange(held_, CheckOutcome());

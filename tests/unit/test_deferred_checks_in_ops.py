@@ -137,7 +137,9 @@ FUSED_SHAPES = {"two blocks": 40_000, "logits computed twice": 80_000}
 
 
 @pytest.mark.parametrize("shape", FUSED_SHAPES)
-def test_a_fused_op_settles_its_checks_before_it_returns(simulated, shape):
+def test_a_host_sync_after_a_fused_op_does_not_wait_for_a_rank_that_left(simulated, shape):
+    # The op returns without settling its checks (no host wait per call); the host sync after it
+    # returns once the watchdog has read the verdict and aborted, and check_deferred raises it.
     classes, rows, features = FUSED_SHAPES[shape], 256, 8
     target = torch.randint(0, classes, (rows,), generator=g(4))
     x = torch.randn(rows, features, generator=g(5))
@@ -150,6 +152,7 @@ def test_a_fused_op_settles_its_checks_before_it_returns(simulated, shape):
     def peer():
         fused(classes // 2, NAMES[0])
         simulated.synchronize(0)     # loss.item(): waits for every collective of the op
+        _C.check_deferred(NAMES[0])  # the next step's first collective, at the latest
 
     results = run_ranks(peer, lambda: fused(classes // 2 + 1, NAMES[1]))
     assert results[1][0] == "raised" and MESSAGES["shard size"].replace("10", str(classes)) in results[1][1]
@@ -160,7 +163,8 @@ def test_a_fused_op_settles_its_checks_before_it_returns(simulated, shape):
 
 
 def test_a_healthy_group_raises_nothing_and_settles_every_check(simulated):
-    # The same fused op on both ranks, nothing wrong: each op's check is settled when it returns.
+    # The same fused op on both ranks, nothing wrong: the op leaves its check pending (no host
+    # wait), check_deferred gives it, and it passes.
     classes, rows, features = 40_000, 256, 8
     target = torch.randint(0, classes, (rows,), generator=g(4))
     x = torch.randn(rows, features, generator=g(5))
@@ -173,6 +177,10 @@ def test_a_healthy_group_raises_nothing_and_settles_every_check(simulated):
 
     results = run_ranks(lambda: fused(NAMES[0]), lambda: fused(NAMES[1]))
     assert [how for how, _ in results] == ["returned", "returned"], results
+    for r in range(2):
+        counts = simulated.counts(r)
+        assert counts["pending"] == 1 and counts["settled"] == 0, counts
+    run_ranks(lambda: _C.check_deferred(NAMES[0]), lambda: _C.check_deferred(NAMES[1]))
     for r in range(2):
         counts = simulated.counts(r)
         assert counts["pending"] == 0 and counts["settled"] == 1 and counts["dropped"] == 0, counts
