@@ -108,6 +108,31 @@ def test_fused_loss_under_autocast(amp_dtype):
     torch.testing.assert_close(head.bias.grad.double(), b64.grad, rtol=tol * 5, atol=tol)
 
 
+@pytest.mark.parametrize("amp_dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("chunk_size", [37, 256])
+def test_logits_written_in_place_into_a_wider_block(amp_dtype, chunk_size):
+    """Under autocast a block of rows holding more columns than chunk_size gets its logits GEMM by
+    GEMM straight into its column ranges (cuBLASLt's C leading dimension is the block's width): an
+    odd chunk size puts every range at an unaligned offset; the result is the float64 loss of
+    the autocast-rounded operands."""
+    torch.manual_seed(4)
+    rows, classes, features = 96, 1001, 40
+    x = torch.randn(rows, features, device="cuda", requires_grad=True)
+    w = (torch.randn(classes, features, device="cuda") / features ** 0.5).requires_grad_()
+    target = torch.randint(0, classes, (rows,), device="cuda")
+    with torch.autocast("cuda", dtype=amp_dtype):
+        loss = ts.nn.functional.parallel_linear_cross_entropy(x, w, None, target, chunk_size=chunk_size)
+    loss.backward()
+    x64 = x.detach().to(amp_dtype).double().requires_grad_()
+    w64 = w.detach().to(amp_dtype).double().requires_grad_()
+    ref = cross_entropy_reference(torch.nn.functional.linear(x64, w64), target, None, -100, "mean", 0.0, 0.0)
+    ref.backward()
+    tol = {torch.float16: 2e-3, torch.bfloat16: 1e-2}[amp_dtype]
+    torch.testing.assert_close(loss.double(), ref, rtol=tol, atol=tol)
+    torch.testing.assert_close(x.grad.double(), x64.grad, rtol=tol * 5, atol=tol)
+    torch.testing.assert_close(w.grad.double(), w64.grad, rtol=tol * 5, atol=tol)
+
+
 @pytest.mark.parametrize("rows,classes", [(4, 300_007), (64, 200_007)])
 def test_rows_split_over_blocks_match_reference(rows, classes):
     """Few rows over many classes: each row is split over many blocks (and
