@@ -68,6 +68,25 @@ def test_gemm_on_offset_views(dtype):
                                rtol=TOL[dtype] * 4, atol=TOL[dtype] * 4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_gemm_plans_reused_across_data_bias_and_alignment(dtype):
+    """cuBLASLt's descriptors and algorithm are made once per kind of GEMM and reused: the same
+    shape again with new data, a new bias (its pointer is the call's, not the first one's), an
+    offset view (another alignment: another plan) and back, each against float64."""
+    torch.manual_seed(2)
+    K = 33
+    for step, offset in enumerate([0, 0, 1, 0, 1]):
+        big_x = torch.randn(9, K, device="cuda", dtype=dtype)
+        big_w = torch.randn(18, K, device="cuda", dtype=dtype)
+        big_b = torch.randn(18, device="cuda", dtype=dtype) * (step + 1)
+        x, w, b = big_x.narrow(0, offset, 8), big_w.narrow(0, offset, 17), big_b.narrow(0, offset, 17)
+        for bias in (b, None):
+            y = OPS.parallel_linear(x, w, bias, None, "tp")
+            ref = torch.nn.functional.linear(x.double(), w.double(),
+                                             bias.double() if bias is not None else None)
+            torch.testing.assert_close(y.double(), ref, rtol=TOL[dtype], atol=TOL[dtype] * (step + 1))
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
 @pytest.mark.parametrize("m,k,n", [(1, 64, 48), (16, 64, 1), (16, 1, 48), (1, 1, 1)])
 def test_gemm_with_a_dimension_of_one(dtype, m, k, n):
