@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -35,11 +36,17 @@ namespace comm {
 // the check a rank failed was one only it could make, known on its host, so it
 // raised at once (Communicator::raised_alone) and joins no later collective:
 // the collectives launched since wait for it forever (the communicator aborts).
+//
+// When several due checks fail at once, the first one's error is raised; if a
+// later one of them says a rank left, its error travels apart in
+// later_rank_left (the communicator is aborted all the same), so that the
+// departure is never pinned on an earlier, unrelated error.
 struct CheckOutcome {
   CheckOutcome(std::string error_ = std::string(), bool a_rank_left_ = false)
       : error(std::move(error_)), a_rank_left(a_rank_left_) {}
   std::string error;
   bool a_rank_left;
+  std::string later_rank_left;
 };
 using CheckVerdict = std::function<CheckOutcome(const std::vector<double>&)>;
 
@@ -94,15 +101,55 @@ class DeferredChecks {
   [[nodiscard]] CheckOutcome before_launch() {
     std::lock_guard<std::mutex> lock(mutex_);
     ++launches_;
+    if (!held_.error.empty()) return std::exchange(held_, CheckOutcome());
     return settle_locked(launches_);
   }
 
   // Settles every pending check now (waiting for copies not ready): what
   // ts.distributed.check_deferred(), the group's destruction and an op before
-  // it returns do (every rank at the same point of its program).
+  // its own host read of the group's collectives do (every rank at the same
+  // point of its program).
   [[nodiscard]] CheckOutcome settle_all() {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (!held_.error.empty()) return std::exchange(held_, CheckOutcome());
     return settle_locked(INT64_MAX);
+  }
+
+  // From another thread (the watchdog's, at each of its polls), never
+  // blocking: looks at the pending checks whose copies are ready, in order,
+  // and when one of them says a rank left, aborts at once (the collectives
+  // launched since, and a host sync behind them, return instead of waiting
+  // for the group's timeout) and holds that verdict for the next launch or
+  // settle, which raise it. Any other verdict is only computed early: it is
+  // still given at its due launch, as on every rank. Skipped while a settle
+  // holds the lock (it gives the same verdicts itself).
+  void poll() {
+    std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+    if (!lock.owns_lock() || a_rank_left_) return;
+    for (size_t i = 0; i < pending_.size(); ++i) {
+      Pending& check = pending_[i];
+      if (!check.outcome) {
+        if (!check.copy.ready()) return;  // in launch order: the rest come later
+        check.outcome = std::make_shared<CheckOutcome>(check.verdict(check.copy.values()));
+      }
+      if (!check.outcome->a_rank_left) continue;
+      // Given now, with the checks before it (as settle_locked gives them).
+      CheckOutcome first;
+      for (size_t j = 0; j <= i; ++j) {
+        CheckOutcome& outcome = *pending_[j].outcome;
+        ++settled_;
+        if (first.error.empty()) {
+          first = std::move(outcome);
+        } else if (j == i) {
+          first.later_rank_left =
+              outcome.error.empty() ? std::string("a rank left") : std::move(outcome.error);
+        }
+      }
+      pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+      held_ = std::move(first);
+      rank_left_locked();
+      return;
+    }
   }
 
   // Whether a verdict said a rank left (the abort ran).
@@ -127,6 +174,7 @@ class DeferredChecks {
     int64_t due;  // the launch before which its verdict is given
     CheckCopy copy;
     CheckVerdict verdict;
+    std::shared_ptr<CheckOutcome> outcome;  // computed early by poll(), not yet given
   };
 
   // Checks are added in launch order, so the due ones are at the front, and a
@@ -139,15 +187,21 @@ class DeferredChecks {
     while (!pending_.empty() && pending_.front().due <= up_to) {
       Pending check = std::move(pending_.front());
       pending_.pop_front();
-      if (!check.copy.ready()) {
+      if (!check.outcome && !check.copy.ready()) {
         ++waits_;
         check.copy.wait();
       }
       ++settled_;
-      CheckOutcome outcome = check.verdict(check.copy.values());
-      if (first.error.empty()) first = std::move(outcome);
-      if (outcome.a_rank_left || first.a_rank_left) {
-        first.a_rank_left = true;
+      CheckOutcome outcome =
+          check.outcome ? std::move(*check.outcome) : check.verdict(check.copy.values());
+      const bool rank_left = outcome.a_rank_left;
+      if (first.error.empty()) {
+        first = std::move(outcome);
+      } else if (rank_left) {
+        first.later_rank_left =
+            outcome.error.empty() ? std::string("a rank left") : std::move(outcome.error);
+      }
+      if (rank_left) {
         rank_left_locked();
         break;
       }
@@ -174,6 +228,7 @@ class DeferredChecks {
   int64_t waits_ = 0;
   int64_t dropped_ = 0;
   bool a_rank_left_ = false;
+  CheckOutcome held_;  // a verdict that a rank left, found by poll(), not yet raised
 };
 
 // This rank's own departure: a check only it could make failed on its host, it
@@ -204,6 +259,10 @@ inline void raise_failed_check(const CheckOutcome& failed, const std::string& co
   if (failed.error.empty()) return;
   TORCH_CHECK(!failed.a_rank_left, failed.error,
               " (that rank raised at once and left the group's collectives: this rank's ",
+              communicator, " is aborted)");
+  TORCH_CHECK(failed.later_rank_left.empty(), failed.error, " (then a later check: \"",
+              failed.later_rank_left,
+              "\": that rank raised at once and left the group's collectives: this rank's ",
               communicator, " is aborted)");
   TORCH_CHECK(false, failed.error);
 }

@@ -185,6 +185,10 @@ class NcclCommunicator final : public Communicator {
     WatchdogBackend backend;
     backend.async_error = [raw] { return nccl_async_error(raw); };
     backend.abort = [this] { abort(); };
+    // A verdict that a rank left, read as soon as its copy is on the host:
+    // the collectives launched since (a backward's all-reduce, say) and a
+    // host sync behind them return at once instead of at the timeout.
+    backend.poll_deferred_checks = [this] { deferred_checks_.poll(); };
     const c10::DeviceIndex device = device_;
     backend.on_thread_start = [device] {
       c10::cuda::set_device(device);
@@ -337,7 +341,8 @@ class NcclCommunicator final : public Communicator {
   // A verdict said a rank raised a check alone long ago: the collectives
   // launched since wait for it in vain. Aborted (they return; this rank's
   // later launches raise), as every healthy rank of the group does at this
-  // verdict. The watchdog stops first: it polls the communicator the abort frees.
+  // verdict. The watchdog stops first: it polls the communicator the abort
+  // frees (called from the watchdog's own poll, it stops after this poll).
   void abort_for_a_rank_that_left() {
     if (size_ == 1) return;
     watchdog_->stop();

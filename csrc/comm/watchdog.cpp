@@ -122,6 +122,17 @@ void run(const std::shared_ptr<State>& state) {
     lock.unlock();
     // The callbacks may take locks of their own (the GIL, for tests driven
     // from Python): never call them, nor destroy them, under our mutex.
+    if (state->backend.poll_deferred_checks) {
+      try {
+        state->backend.poll_deferred_checks();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "shardtorch watchdog for %s: polling the deferred checks failed: %s\n",
+                     state->group.c_str(), e.what());
+      }
+      lock.lock();
+      if (state->stopping) return;
+      lock.unlock();
+    }
     std::vector<std::shared_ptr<Work>> finished;
     const std::string message = poll_once(*state, finished);
     finished.clear();

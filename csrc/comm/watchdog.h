@@ -54,6 +54,12 @@ struct WatchdogBackend {
   // Called first on the watchdog thread (CUDA: select the communicator's
   // device, so that polling its events creates no context on device 0).
   std::function<void()> on_thread_start;
+  // Called at each poll while collectives are in flight, before they are
+  // looked at (may be empty): gives the deferred argument checks whose copies
+  // are ready their look (DeferredChecks::poll), so that a verdict that a
+  // rank left aborts the collectives that rank never joins at once, not at
+  // the group's timeout. It may stop this watchdog (from its own thread).
+  std::function<void()> poll_deferred_checks;
 };
 
 class CollectiveWatchdog {

@@ -22,6 +22,7 @@
 #include "comm/process_group_communicator.h"
 #include "comm/registry.h"
 #include "comm/store_exchange.h"
+#include "comm/watchdog.h"
 #include "python/deferred_check_counts.h"
 
 namespace py = pybind11;
@@ -97,7 +98,9 @@ class FakeCommunicator final : public comm::Communicator {
 // rank never joins never arrives. A host sync (synchronize(), a copy's wait)
 // gives up after `hang_seconds` with an error that stands for the hang the
 // GPU would have. A verdict that a rank left aborts the rank's communicator:
-// its collectives not yet complete return (outputs as they are).
+// its collectives not yet complete return (outputs as they are). Each rank
+// has the NCCL communicator's watchdog (comm/watchdog.h), which polls the
+// deferred checks whose copies arrived while collectives are in flight.
 class SimulatedGroup {
  public:
   SimulatedGroup(std::vector<std::string> names, double hang_seconds)
@@ -127,6 +130,14 @@ class SimulatedGroup {
     if (!active_) return;
     comm::register_communicator_factory(c10::DeviceType::CPU, previous_);
     active_ = false;
+    std::vector<std::shared_ptr<Rank>> ranks;
+    {
+      std::lock_guard<std::mutex> lock(state_->mutex);
+      ranks = state_->ranks;
+    }
+    for (auto& rank : ranks) {
+      if (rank) rank->stop_watchdog();
+    }
   }
 
   // Rank r's host waits for every collective it launched (a loss.item()).
@@ -200,7 +211,17 @@ class SimulatedGroup {
           rank_(r),
           name_(state_->names[r]),
           description_("simulated communicator for group '" + name_ + "'"),
-          deferred_(comm::DeferredChecks::kDefaultLag, [this] { abort(); }) {}
+          deferred_(comm::DeferredChecks::kDefaultLag, [this] { abort(); }) {
+      // The NCCL communicator's watchdog, with its poll of the deferred
+      // checks; its timeout never comes within a test (a hang is hang_seconds).
+      comm::WatchdogBackend backend;
+      backend.poll_deferred_checks = [this] { deferred_.poll(); };
+      watchdog_ = std::make_shared<comm::CollectiveWatchdog>(
+          description_, std::chrono::hours(1), std::move(backend), comm::FailurePolicy::kRaise,
+          std::chrono::milliseconds(10));
+    }
+    ~Rank() override { stop_watchdog(); }
+    void stop_watchdog() { watchdog_->stop(); }
     int64_t rank() const override { return rank_; }
     int64_t size() const override { return static_cast<int64_t>(state_->names.size()); }
     const std::string& group_name() const override { return name_; }
@@ -265,7 +286,12 @@ class SimulatedGroup {
       left_.check_before_launch(description_, kind);
       comm::raise_failed_check(deferred_.before_launch(), description_);
       TORCH_CHECK(!aborted_, description_, ": ", kind, ": the communicator was aborted");
-      state_->deposit(launches_++, rank_, kind, input, output);
+      const int64_t ordinal = launches_++;
+      state_->deposit(ordinal, rank_, kind, input, output);
+      auto state = state_;
+      watchdog_->watch(
+          kind, [] { return true; },
+          [this, state, ordinal] { return aborted_ || state->complete(ordinal); });
       return std::make_shared<comm::CompletedHandle>();  // orders a stream: never blocks
     }
     // The host waiting for collective `ordinal`: returns once it completed
@@ -290,6 +316,7 @@ class SimulatedGroup {
     comm::DeferredChecks deferred_;
     comm::RaisedAlone left_;
     std::atomic<int64_t> launches_{0};
+    std::shared_ptr<comm::CollectiveWatchdog> watchdog_;  // last: stopped first
   };
 
   std::shared_ptr<Rank> rank(int64_t r) {
@@ -387,6 +414,7 @@ class FakeDeferredChecks {
   }
   void before_launch() { raise(checks_.before_launch()); }
   void settle_all() { raise(checks_.settle_all()); }
+  void poll() { checks_.poll(); }
   int64_t lag() const { return checks_.lag(); }
   comm::DeferredCheckCounts counts() const { return checks_.counts(); }
   // What the host did, in order: "wait N" (for check N's copy), "abort".
@@ -394,7 +422,9 @@ class FakeDeferredChecks {
 
  private:
   static void raise(const comm::CheckOutcome& failed) {
-    TORCH_CHECK(failed.error.empty(), failed.error, failed.a_rank_left ? " (a rank left)" : "");
+    TORCH_CHECK(failed.error.empty(), failed.error, failed.a_rank_left ? " (a rank left)" : "",
+                failed.later_rank_left.empty() ? "" : " (then a rank left: ",
+                failed.later_rank_left, failed.later_rank_left.empty() ? "" : ")");
   }
   std::vector<std::string> events_;
   comm::DeferredChecks checks_;
@@ -415,6 +445,9 @@ void bind_comm_testing(py::module& m) {
       .def("set_ready", &FakeDeferredChecks::set_ready, py::arg("id"))
       .def("before_launch", &FakeDeferredChecks::before_launch)
       .def("settle_all", &FakeDeferredChecks::settle_all)
+      .def("poll", &FakeDeferredChecks::poll,
+           "What the watchdog does at each poll: reads the ready checks, in order, without "
+           "waiting; aborts at once on a verdict that a rank left")
       .def_property_readonly("lag", &FakeDeferredChecks::lag)
       .def_property_readonly(
           "counts", [](const FakeDeferredChecks& self) { return counts_dict(self.counts()); });

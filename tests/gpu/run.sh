@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# Builds shardtorch on a GPU machine and runs the GPU tests and benchmarks in a
-# few minutes. Made for the device tool's H200 machine (torch 2.11 + CUDA 13,
-# nvcc, cmake, ninja, pybind11, pytest, no network): it builds in place with
-# the machine's own torch (an extension built elsewhere will not load there).
+# Builds shardtorch on a GPU machine and runs the GPU tests and benchmarks. Made for the device
+# tool's H200 machine (torch 2.11 + CUDA 13, nvcc, cmake, ninja, pybind11, pytest, no network): it
+# builds in place with the machine's own torch (an extension built elsewhere will not load there).
 #
-#   bash tests/gpu/run.sh [quick]  build, GPU tests, benchmarks/gpu_probe.py: one short call
-#                                  (each stage under a time limit, about 8 minutes at most)
-#   bash tests/gpu/run.sh full     the same build and tests, then the longer benchmarks
+#   bash tests/gpu/run.sh [quick]  build, GPU tests, the compile and profiler tests, benchmarks/gpu_probe.py:
+#                                  one call of the device tool, 9 minutes at most in all
+#   bash tests/gpu/run.sh full     the same stages without time limits, then the longer benchmarks
 #                                  (longer than one 10-minute call of the device tool)
 #
 #   OUT          folder for logs (the device tool sets it; default build/gpu-out)
 #   SHARDTORCH_CUDA_ARCH  default 9.0 (Hopper)
+#   SHARDTORCH_GPU_BUDGET seconds for the quick mode's stages together (default 540)
 set -uo pipefail
 MODE="${1:-quick}"
 case "$MODE" in quick|full) ;; *) echo "usage: bash tests/gpu/run.sh [quick|full]" >&2; exit 2 ;; esac
@@ -27,29 +27,75 @@ export SHARDTORCH_BUILD_TEST_DOUBLES=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$OUT/gpu.txt"
 $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/gpu.txt"
 
-# Stage limits (seconds) of the quick mode: 4 + 2.5 + 1.5 minutes. Only the library and its
-# Python module are built (SHARDTORCH_BUILD_TESTS stays 0), for one architecture, with every core.
-limit() { if [ "$MODE" = quick ]; then echo "timeout -k 10 $1"; fi; }
+# Quick mode: the stages share one budget. Each stage is planned a share (seconds, the order they
+# run in); a stage may use what earlier stages left unused, but never the shares of the stages
+# after it, so a slow build cannot eat the tests' time and the whole run ends within the budget
+# (plus 10 s of grace per stage for a killed stage to end).
+STAGES=(build gpu-tests tooling probe)
+declare -A PLAN=([build]=180 [gpu-tests]=180 [tooling]=90 [probe]=90)
+BUDGET="${SHARDTORCH_GPU_BUDGET:-540}"
+START=$(date +%s)
+limit_for() {  # limit_for NAME: seconds the stage may run (quick mode)
+  local name=$1 later=0 after=0 s
+  for s in "${STAGES[@]}"; do
+    if [ $after = 1 ]; then later=$(( later + PLAN[$s] )); fi
+    if [ "$s" = "$name" ]; then after=1; fi
+  done
+  echo $(( BUDGET - ($(date +%s) - START) - later ))
+}
+
 summary=()
-stage() {  # stage NAME LOG COMMAND...: runs it, logs it, records its status and time
-  local name=$1 log=$2 t0 rc; shift 2
+stage() {  # stage NAME LOG COMMAND...: runs it under its limit, logs it, records its status and time
+  local name=$1 log=$2 t0 rc lim=none; shift 2
   t0=$(date +%s)
-  "$@" >"$log" 2>&1; rc=$?
-  tail -25 "$log"
-  summary+=("$(printf '%-10s rc %-3s %4s s  %s' "$name" "$rc" "$(( $(date +%s) - t0 ))" "$log")")
+  if [ "$MODE" = quick ]; then
+    lim=$(limit_for "$name")
+    if [ "$lim" -lt 10 ]; then
+      summary+=("$(printf '%-10s %-16s %4s s  limit %-5s %s' "$name" "NOT RUN (no time)" 0 "$lim" "$log")")
+      echo "no time left for $name" >"$log"
+      return 1
+    fi
+    timeout -k 10 "$lim" "$@" >"$log" 2>&1; rc=$?
+  else
+    "$@" >"$log" 2>&1; rc=$?
+  fi
+  tail -15 "$log"
+  local what="rc $rc"
+  if [ $rc = 124 ] || [ $rc = 137 ]; then what="TIMED OUT"; fi
+  summary+=("$(printf '%-10s %-16s %4s s  limit %-5s %s' "$name" "$what" "$(( $(date +%s) - t0 ))" "$lim" "$log")")
   return $rc
 }
 
+PYTEST=($PY -m pytest -v -rfE -p no:cacheprovider -o faulthandler_timeout=60)
 status=0
-stage build "$OUT/build.log" $(limit 240) $PY setup.py build_ext --inplace || status=1
+stage build "$OUT/build.log" $PY setup.py build_ext --inplace || status=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if [ $status = 0 ]; then
-  stage gpu-tests "$OUT/gpu-tests.log" $(limit 150) $PY -m pytest tests/gpu -v -rs -p no:cacheprovider -o faulthandler_timeout=60 || status=1
-  stage probe "$OUT/probe.log" $(limit 90) $PY benchmarks/gpu_probe.py --out "$OUT" || status=1
+  # The compile and profiler tests (marker `tooling`) start torch.compile or the profiler: slow
+  # to start, so they run apart and cannot take the other tests' time.
+  stage gpu-tests "$OUT/gpu-tests.log" "${PYTEST[@]}" tests/gpu -m "not tooling" || status=1
+  stage tooling "$OUT/tooling.log" "${PYTEST[@]}" tests/gpu -m tooling || status=1
+  stage probe "$OUT/probe.log" $PY benchmarks/gpu_probe.py --out "$OUT" || status=1
 fi
-echo "== summary ($MODE)"; printf '%s\n' "${summary[@]}"
-grep -E "passed|failed|error" "$OUT/gpu-tests.log" 2>/dev/null | tail -1
-sed -n '/^== probe/,$p' "$OUT/probe.log" 2>/dev/null
+
+pytest_summary() {  # pytest_summary LOG: its result line, what failed (10 at most), a test cut off
+  local log=$1
+  [ -f "$log" ] && ! grep -q "^no time left" "$log" || return 0
+  grep -E "^(=+ )?[0-9]+ (passed|failed|error|skipped|deselected)" "$log" | tail -1 | sed 's/^/    /'
+  grep -E "^(FAILED|ERROR) " "$log" | head -10 | cut -c1-150 | sed 's/^/    /'
+  if ! grep -qE "^(=+ )?[0-9]+ (passed|failed|error|skipped|deselected)" "$log"; then
+    echo "    cut off during: $(grep -E '^tests/gpu/.*::' "$log" | tail -1 | cut -c1-120)"
+  fi
+}
+echo
+echo "== summary ($MODE, $(( $(date +%s) - START )) s)"
+head -3 "$OUT/gpu.txt" | sed 's/^/  /'
+printf '  %s\n' "${summary[@]}"
+for s in gpu-tests tooling; do
+  if [ -f "$OUT/$s.log" ]; then echo "  $s:"; pytest_summary "$OUT/$s.log"; fi
+done
+sed -n '/^== probe/,$p' "$OUT/probe.log" 2>/dev/null | head -20
+echo "== $( [ $status = 0 ] && echo OK || echo FAILED )"
 [ "$MODE" = quick ] && exit $status
 # Benchmarks: one rank per GPU; on a single GPU the parallel path runs on one
 # rank (no communication), which still compares kernels and memory.

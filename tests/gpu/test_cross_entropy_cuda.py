@@ -117,6 +117,7 @@ def test_check_deferred_raises_the_pending_verdict_now():
     ts.distributed.check_deferred()  # given once
 
 
+@pytest.mark.tooling
 def test_the_host_runs_lag_collectives_ahead_of_a_busy_gpu_without_waiting():
     """While the GPU is busy (a long sleep kernel ahead of the loss), the host launches the loss
     and LAG - 1 more collectives without one wait: no cudaEventSynchronize (the profiler), no wait
@@ -154,6 +155,7 @@ def test_the_host_runs_lag_collectives_ahead_of_a_busy_gpu_without_waiting():
     assert after["waits"] - seen["counts"]["waits"] <= 1 and after["pending"] == 0, (seen, after)
 
 
+@pytest.mark.tooling
 def test_torch_compile_matches_eager():
     torch._dynamo.reset()
     logits = torch.randn(6, 300, device="cuda", dtype=torch.float64)

@@ -69,6 +69,25 @@ def test_gemm_on_offset_views(dtype):
                                rtol=TOL[dtype] * 4, atol=TOL[dtype] * 4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_gemm_plans_reused_across_data_bias_and_alignment(dtype):
+    """cuBLASLt's descriptors and algorithm are made once per kind of GEMM and reused: the same
+    shape again with new data, a new bias (its pointer is the call's, not the first one's), an
+    offset view (another alignment: another plan) and back, each against float64."""
+    torch.manual_seed(2)
+    K = 33
+    for step, offset in enumerate([0, 0, 1, 0, 1]):
+        big_x = torch.randn(9, K, device="cuda", dtype=dtype)
+        big_w = torch.randn(18, K, device="cuda", dtype=dtype)
+        big_b = torch.randn(18, device="cuda", dtype=dtype) * (step + 1)
+        x, w, b = big_x.narrow(0, offset, 8), big_w.narrow(0, offset, 17), big_b.narrow(0, offset, 17)
+        for bias in (b, None):
+            y = OPS.parallel_linear(x, w, bias, None, "tp")
+            ref = torch.nn.functional.linear(x.double(), w.double(),
+                                             bias.double() if bias is not None else None)
+            torch.testing.assert_close(y.double(), ref, rtol=TOL[dtype], atol=TOL[dtype] * (step + 1))
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
 @pytest.mark.parametrize("m,k,n", [(1, 64, 48), (16, 64, 1), (16, 1, 48), (1, 1, 1)])
 def test_gemm_with_a_dimension_of_one(dtype, m, k, n):
@@ -107,6 +126,31 @@ def test_fused_loss_under_autocast(amp_dtype):
     torch.testing.assert_close(x.grad.double(), x64.grad, rtol=tol * 5, atol=tol)
     torch.testing.assert_close(head.weight.grad.double(), w64.grad, rtol=tol * 5, atol=tol)
     torch.testing.assert_close(head.bias.grad.double(), b64.grad, rtol=tol * 5, atol=tol)
+
+
+@pytest.mark.parametrize("amp_dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("chunk_size", [37, 256])
+def test_logits_written_in_place_into_a_wider_block(amp_dtype, chunk_size):
+    """Under autocast a block of rows holding more columns than chunk_size gets its logits GEMM by
+    GEMM straight into its column ranges (cuBLASLt's C leading dimension is the block's width): an
+    odd chunk size puts every range at an unaligned offset; the result is the float64 loss of
+    the autocast-rounded operands."""
+    torch.manual_seed(4)
+    rows, classes, features = 96, 1001, 40
+    x = torch.randn(rows, features, device="cuda", requires_grad=True)
+    w = (torch.randn(classes, features, device="cuda") / features ** 0.5).requires_grad_()
+    target = torch.randint(0, classes, (rows,), device="cuda")
+    with torch.autocast("cuda", dtype=amp_dtype):
+        loss = ts.nn.functional.parallel_linear_cross_entropy(x, w, None, target, chunk_size=chunk_size)
+    loss.backward()
+    x64 = x.detach().to(amp_dtype).double().requires_grad_()
+    w64 = w.detach().to(amp_dtype).double().requires_grad_()
+    ref = cross_entropy_reference(torch.nn.functional.linear(x64, w64), target, None, -100, "mean", 0.0, 0.0)
+    ref.backward()
+    tol = {torch.float16: 2e-3, torch.bfloat16: 1e-2}[amp_dtype]
+    torch.testing.assert_close(loss.double(), ref, rtol=tol, atol=tol)
+    torch.testing.assert_close(x.grad.double(), x64.grad, rtol=tol * 5, atol=tol)
+    torch.testing.assert_close(w.grad.double(), w64.grad, rtol=tol * 5, atol=tol)
 
 
 @pytest.mark.parametrize("rows,classes", [(4, 300_007), (64, 200_007)])

@@ -48,6 +48,7 @@ def test_nccl_mappings_on_one_rank_are_identity(cuda_world_of_one, op, args):
     torch.testing.assert_close(getattr(OPS, op)(*args(x)), x)
 
 
+@pytest.mark.tooling
 def test_compile_cuda(cuda_world_of_one):
     import shardtorch as ts
     torch.manual_seed(0)

@@ -112,12 +112,15 @@ def test_every_due_check_is_given_even_when_one_fails():
 
 
 def test_a_rank_that_left_is_told_even_when_another_failure_comes_first():
+    # The first failure is raised as it is; the departure comes after it under its own error,
+    # never pinned on the first (which is no rank's departure).
     checks = _C_testing._FakeDeferredChecks(lag=1)
     checks.before_launch()
     checks.add([1.0])                    # found on the device
     checks.add([2.0], a_rank_left=True)  # a rank raised alone: the peers must abort
-    with pytest.raises(RuntimeError, match=r"fake check 0 failed \(a rank left\)"):
+    with pytest.raises(RuntimeError, match=r"^fake check 0 failed \(then a rank left: fake check 1 failed\)$"):
         checks.before_launch()
+    assert checks.events == ["wait 0", "wait 1", "abort"]
     checks.before_launch()
     checks.add([0.0], a_rank_left=True)  # passed: nothing to tell
     checks.before_launch()
@@ -177,6 +180,46 @@ def test_a_rank_left_verdict_at_a_launch_drops_the_copies_queued_behind_it():
         checks.before_launch()
     checks.settle_all()
     assert checks.events == ["abort"] and checks.counts["dropped"] == LAG, checks.counts
+
+
+def test_a_poll_aborts_at_once_on_a_ready_verdict_that_a_rank_left():
+    # The watchdog's poll, between launches (a backward's all-reduce in flight): the verdict that
+    # a rank left is read as soon as its copy is ready and aborts now, not at its LAG-th launch;
+    # the next launch raises it; the copies behind it are never waited for.
+    checks = _C_testing._FakeDeferredChecks()
+    checks.before_launch()
+    checks.add([0.0], ready=True)                # passed
+    checks.before_launch()
+    checks.add([3.0], a_rank_left=True)          # not on the host yet
+    checks.before_launch()
+    checks.add([0.0], arrives=False)             # behind a collective the rank that left never joins
+    checks.poll()
+    assert checks.events == [] and checks.counts["pending"] == 3   # stops at a copy not ready
+    checks.set_ready(1)
+    checks.poll()
+    assert checks.events == ["abort"], checks.events
+    assert checks.counts == {"launches": 3, "pending": 0, "settled": 2, "waits": 0, "dropped": 1}
+    with pytest.raises(RuntimeError, match=r"^fake check 1 failed \(a rank left\)"):
+        checks.before_launch()
+    checks.before_launch()                       # given once
+    checks.settle_all()
+    assert checks.events == ["abort"]
+
+
+def test_a_poll_gives_no_other_verdict_before_its_launch():
+    # Read early, a plain failure is still raised at the LAG-th launch after its collective, as
+    # on every rank (a poll's timing differs from rank to rank).
+    checks = _C_testing._FakeDeferredChecks()
+    checks.before_launch()
+    checks.add([5.0], ready=True)
+    checks.poll()
+    for _ in range(LAG - 1):
+        checks.before_launch()
+        checks.poll()
+    assert checks.events == [] and checks.counts["pending"] == 1
+    with pytest.raises(RuntimeError, match="^fake check 0 failed$"):
+        checks.before_launch()
+    assert checks.counts["settled"] == 1 and checks.counts["waits"] == 0
 
 
 @pytest.fixture

@@ -138,7 +138,9 @@ FUSED_SHAPES = {"two blocks": 40_000, "logits computed twice": 80_000}
 
 
 @pytest.mark.parametrize("shape", FUSED_SHAPES)
-def test_a_fused_op_settles_its_checks_before_it_returns(simulated, shape):
+def test_a_host_sync_after_a_fused_op_does_not_wait_for_a_rank_that_left(simulated, shape):
+    # The op returns without settling its checks (no host wait per call); the host sync after it
+    # returns once the watchdog has read the verdict and aborted, and check_deferred raises it.
     classes, rows, features = FUSED_SHAPES[shape], 256, 8
     target = torch.randint(0, classes, (rows,), generator=g(4))
     x = torch.randn(rows, features, generator=g(5))
@@ -151,6 +153,7 @@ def test_a_fused_op_settles_its_checks_before_it_returns(simulated, shape):
     def peer():
         fused(classes // 2, NAMES[0])
         simulated.synchronize(0)     # loss.item(): waits for every collective of the op
+        _C.check_deferred(NAMES[0])  # the next step's first collective, at the latest
 
     results = run_ranks(peer, lambda: fused(classes // 2 + 1, NAMES[1]))
     assert results[1][0] == "raised" and MESSAGES["shard size"].replace("10", str(classes)) in results[1][1]
@@ -161,7 +164,8 @@ def test_a_fused_op_settles_its_checks_before_it_returns(simulated, shape):
 
 
 def test_a_healthy_group_raises_nothing_and_settles_every_check(simulated):
-    # The same fused op on both ranks, nothing wrong: each op's check is settled when it returns.
+    # The same fused op on both ranks, nothing wrong: the op leaves its check pending (no host
+    # wait), check_deferred gives it, and it passes.
     classes, rows, features = 40_000, 256, 8
     target = torch.randint(0, classes, (rows,), generator=g(4))
     x = torch.randn(rows, features, generator=g(5))
@@ -176,5 +180,40 @@ def test_a_healthy_group_raises_nothing_and_settles_every_check(simulated):
     assert [how for how, _ in results] == ["returned", "returned"], results
     for r in range(2):
         counts = simulated.counts(r)
+        assert counts["pending"] == 1 and counts["settled"] == 0, counts
+    run_ranks(lambda: _C.check_deferred(NAMES[0]), lambda: _C.check_deferred(NAMES[1]))
+    for r in range(2):
+        counts = simulated.counts(r)
         assert counts["pending"] == 0 and counts["settled"] == 1 and counts["dropped"] == 0, counts
         assert not simulated.aborted(r) and simulated.stuck(r) == 0
+
+
+def test_a_backward_collective_after_a_rank_left_does_not_wait_for_the_timeout(simulated):
+    # parallel_cross_entropy after a column-parallel linear layer: the healthy rank's forward
+    # returns (a NaN loss) before the verdict is due, and its backward launches the input
+    # gradient's all-reduce, which the rank that left never joins. The watchdog reads the check's
+    # copy as soon as it is on the host and aborts: the backward, or the host sync after it
+    # (loss.item()), raises the verdict; neither waits for the group's timeout.
+    x = torch.randn(4, 8, generator=g(7))
+    target = TARGET
+
+    def program(local, group, sync):
+        def run():
+            weight = torch.randn(local, 8, generator=g(8))
+            inp = x.clone().requires_grad_()
+            logits = torch.ops.shard.parallel_linear(inp, weight, None, 1, group)
+            loss = torch.ops.shard.parallel_cross_entropy(logits, target, None, -100, 0.0, 0.0, 1, group, 10)
+            loss.backward()
+            if sync:
+                simulated.synchronize(0)  # loss.item()
+                _C.check_deferred(group)   # the next step's first collective, at the latest
+            return loss.item()
+        return run
+
+    results = run_ranks(program(5, NAMES[0], True), program(6, NAMES[1], False))
+    assert results[1][0] == "raised" and MESSAGES["shard size"] in results[1][1], results
+    assert results[0][0] == "raised", results
+    assert "group rank 1 failed a check" in results[0][1], results
+    assert f"communicator for group '{NAMES[0]}' is aborted" in results[0][1], results
+    assert simulated.aborted(0) and simulated.stuck(0) == 0
+    simulated.synchronize(0)

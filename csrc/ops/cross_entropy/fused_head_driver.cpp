@@ -346,11 +346,10 @@ FusedHeadResult fused_head_forward_with_gradients(
   // This op made collectives after the one that carried its checks (blocks,
   // the input gradient's sum). Where a rank raised a check alone there, they
   // wait for it in vain, and so would a host sync on this op's results
-  // (loss.item()) before the group's verdict: the checks are settled before
-  // the op returns (every rank at the same point; a wait only where the
-  // device has not reached the first block's statistics yet). One rank has
-  // no peer to leave it waiting.
-  if (setup.communicator->size() > 1) setup.communicator->check_deferred();
+  // (loss.item()): the communicator's watchdog reads that verdict as soon as
+  // its copy is on the host and aborts (comm/deferred_checks.h, poll), so the
+  // op returns without waiting for the device, and the host runs on into
+  // backward.
   return out;
 }
 

@@ -69,8 +69,8 @@ class LinearHead final : public FusedHead {
       chunk.values = slot->take({x.size(0), width}, x.options().dtype(acc_), empty_scratch_buffer);
       for (int64_t c = 0; c < width; c += chunk_size_) {
         const int64_t w = std::min(chunk_size_, width - c);
-        chunk.values.narrow(1, c, w).copy_(
-            kernels_.chunk_logits(x, cast_columns(begin + c, w), at::Tensor(), acc_));
+        at::Tensor part = chunk.values.narrow(1, c, w);  // written in place, no temporary
+        kernels_.chunk_logits_into(part, x, cast_columns(begin + c, w));
       }
     }
     if (bias_chunk.defined()) chunk.values.add_(bias_chunk);  // the bias in float32

@@ -356,9 +356,28 @@ class CudaCrossEntropyKernels final : public CrossEntropyKernels {
     return logits;
   }
 
+  // Straight into the block's columns: `out` is a column range of a
+  // row-major block, so its rows are `out.stride(0)` apart, which is the
+  // column-major C^T's leading dimension; no temporary, no copy.
   void chunk_logits_into(at::Tensor& out, const at::Tensor& x,
                          const at::Tensor& w_chunk) const override {
-    out.copy_(chunk_logits(x, w_chunk, at::Tensor(), out.scalar_type()));
+    const int64_t rows = x.size(0), features = x.size(1), width = w_chunk.size(0);
+    TORCH_CHECK(out.dim() == 2 && out.size(0) == rows && out.size(1) == width,
+                "chunk_logits_into: out must be [", rows, ", ", width, "], got ", out.sizes());
+    const bool writable = out.stride(1) == 1 && out.stride(0) >= std::max<int64_t>(width, 1) &&
+                          x.is_contiguous() && w_chunk.is_contiguous();
+    if (!writable) {
+      out.copy_(chunk_logits(x, w_chunk, at::Tensor(), out.scalar_type()));
+      return;
+    }
+    if (rows == 0 || width == 0) return;
+    if (features == 0) {
+      out.zero_();
+      return;
+    }
+    // out^T [width, rows] = w_chunk [width, f] x^T, column-major, ld = out's row stride.
+    cuda::cublaslt_gemm(/*transpose_a=*/true, /*transpose_b=*/false, width, rows, features, w_chunk,
+                        features, x, features, out, out.stride(0), at::Tensor());
   }
 
   void add_product(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b) const override {

@@ -115,32 +115,57 @@ struct Gemm {
   bool accumulate;
 };
 
-// cuBLASLt, with the bias as an epilogue when `bias` is defined. Returns false
-// (having launched nothing) when cuBLASLt has no algorithm for the problem as
-// aligned, so that the caller can fall back; other failures throw.
-bool try_cublaslt(const Gemm& g, const at::Tensor& bias, cudaStream_t stream) {
-  const GemmTypes types = gemm_types(g.a.scalar_type(), g.c.scalar_type());
+// What cuBLASLt needs to run one kind of GEMM: the descriptor (operations,
+// epilogue), the three layouts and the heuristic's algorithm, or that it found
+// none. They depend only on the key below, so they are made once per key, not
+// per GEMM: a training step repeats the same few shapes thousands of times.
+struct GemmPlan {
+  DescPtr desc;
+  LayoutPtr a, b, c;
+  bool found = false;
+  cublasLtMatmulHeuristicResult_t heuristic{};
+};
+
+// Device, operations, sizes, leading dimensions, dtypes and compute type
+// (TF32 or not, read per call), whether the bias is fused, and the alignment
+// of each operand (the heuristic's answer depends on it).
+using GemmPlanKey =
+    std::tuple<int, bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int,
+               bool, uint32_t, uint32_t, uint32_t, uint32_t>;
+
+// Per thread: a plan's descriptor gets each call's bias pointer, so two
+// threads must not share one. Bounded: a program that keeps changing shapes
+// starts over rather than growing without end. Never freed (as the handles).
+constexpr size_t kMaxGemmPlans = 1024;
+std::map<GemmPlanKey, std::unique_ptr<GemmPlan>>& gemm_plans() {
+  thread_local auto* plans = new std::map<GemmPlanKey, std::unique_ptr<GemmPlan>>();
+  return *plans;
+}
+
+std::unique_ptr<GemmPlan> make_plan(const Gemm& g, const GemmTypes& types, const at::Tensor& bias,
+                                    cublasLtHandle_t handle) {
+  auto plan = std::make_unique<GemmPlan>();
   cublasLtMatmulDesc_t raw_desc = nullptr;
   SHARDTORCH_CUBLAS_CHECK(cublasLtMatmulDescCreate(&raw_desc, types.compute, types.scale), "desc");
-  DescPtr desc(raw_desc);
+  plan->desc.reset(raw_desc);
   cublasOperation_t op_a = g.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasOperation_t op_b = g.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  SHARDTORCH_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)),
-      "TRANSA");
-  SHARDTORCH_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)),
-      "TRANSB");
+  SHARDTORCH_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+                              plan->desc.get(), CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)),
+                          "TRANSA");
+  SHARDTORCH_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+                              plan->desc.get(), CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)),
+                          "TRANSB");
   if (bias.defined()) {
     cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
     const void* bias_ptr = bias.data_ptr();
     SHARDTORCH_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+        cublasLtMatmulDescSetAttribute(plan->desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
                                        sizeof(epilogue)),
         "EPILOGUE");
     SHARDTORCH_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr,
-                                       sizeof(bias_ptr)),
+        cublasLtMatmulDescSetAttribute(plan->desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                       &bias_ptr, sizeof(bias_ptr)),
         "BIAS_POINTER");
   }
   const auto make_layout = [](cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld) {
@@ -148,11 +173,9 @@ bool try_cublaslt(const Gemm& g, const at::Tensor& bias, cudaStream_t stream) {
     SHARDTORCH_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&raw, type, rows, cols, ld), "layout");
     return LayoutPtr(raw);
   };
-  auto a_layout =
-      make_layout(types.ab, g.transpose_a ? g.k : g.m, g.transpose_a ? g.m : g.k, g.lda);
-  auto b_layout =
-      make_layout(types.ab, g.transpose_b ? g.n : g.k, g.transpose_b ? g.k : g.n, g.ldb);
-  auto c_layout = make_layout(types.c, g.m, g.n, g.ldc);
+  plan->a = make_layout(types.ab, g.transpose_a ? g.k : g.m, g.transpose_a ? g.m : g.k, g.lda);
+  plan->b = make_layout(types.ab, g.transpose_b ? g.n : g.k, g.transpose_b ? g.k : g.n, g.ldb);
+  plan->c = make_layout(types.c, g.m, g.n, g.ldc);
 
   cublasLtMatmulPreference_t raw_pref = nullptr;
   SHARDTORCH_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&raw_pref), "preference");
@@ -176,23 +199,62 @@ bool try_cublaslt(const Gemm& g, const at::Tensor& bias, cudaStream_t stream) {
         cublasLtMatmulPreferenceSetAttribute(pref.get(), attribute, &bytes, sizeof(bytes)),
         "alignment preference");
   }
-  cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+      handle, plan->desc.get(), plan->a.get(), plan->b.get(), plan->c.get(), plan->c.get(),
+      pref.get(), 1, &plan->heuristic, &found);
+  plan->found = status == CUBLAS_STATUS_SUCCESS && found > 0;
+  return plan;
+}
+
+// cuBLASLt, with the bias as an epilogue when `bias` is defined. Returns false
+// (having launched nothing) when cuBLASLt has no algorithm for the problem as
+// aligned, so that the caller can fall back; other failures throw.
+bool try_cublaslt(const Gemm& g, const at::Tensor& bias, cudaStream_t stream) {
+  const GemmTypes types = gemm_types(g.a.scalar_type(), g.c.scalar_type());
   const c10::DeviceIndex device = g.c.get_device();
   cublasLtHandle_t handle = lt_handle(device);
-  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-      handle, desc.get(), a_layout.get(), b_layout.get(), c_layout.get(), c_layout.get(),
-      pref.get(), 1, &heuristic, &found);
-  if (status != CUBLAS_STATUS_SUCCESS || found == 0) return false;
+  const GemmPlanKey key{static_cast<int>(device),
+                        g.transpose_a,
+                        g.transpose_b,
+                        g.m,
+                        g.n,
+                        g.k,
+                        g.lda,
+                        g.ldb,
+                        g.ldc,
+                        static_cast<int>(types.ab),
+                        static_cast<int>(types.c),
+                        static_cast<int>(types.compute),
+                        bias.defined(),
+                        alignment_bytes(g.a.data_ptr()),
+                        alignment_bytes(g.b.data_ptr()),
+                        alignment_bytes(g.c.data_ptr()),
+                        bias.defined() ? alignment_bytes(bias.data_ptr()) : 0u};
+  auto& plans = gemm_plans();
+  auto it = plans.find(key);
+  if (it == plans.end()) {
+    if (plans.size() >= kMaxGemmPlans) plans.clear();
+    it = plans.emplace(key, make_plan(g, types, bias, handle)).first;
+  }
+  GemmPlan& plan = *it->second;
+  if (!plan.found) return false;
+  if (bias.defined()) {
+    const void* bias_ptr = bias.data_ptr();  // this call's: the plan's descriptor is reused
+    SHARDTORCH_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(plan.desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                       &bias_ptr, sizeof(bias_ptr)),
+        "BIAS_POINTER");
+  }
 
   const float alpha_f = 1.0f, beta_f = g.accumulate ? 1.0f : 0.0f;
   const double alpha_d = 1.0, beta_d = g.accumulate ? 1.0 : 0.0;
   const bool fp64 = types.scale == CUDA_R_64F;
   SHARDTORCH_CUBLAS_CHECK(
-      cublasLtMatmul(handle, desc.get(), fp64 ? static_cast<const void*>(&alpha_d) : &alpha_f,
-                     g.a.data_ptr(), a_layout.get(), g.b.data_ptr(), b_layout.get(),
+      cublasLtMatmul(handle, plan.desc.get(), fp64 ? static_cast<const void*>(&alpha_d) : &alpha_f,
+                     g.a.data_ptr(), plan.a.get(), g.b.data_ptr(), plan.b.get(),
                      fp64 ? static_cast<const void*>(&beta_d) : &beta_f, g.c.data_ptr(),
-                     c_layout.get(), g.c.data_ptr(), c_layout.get(), &heuristic.algo,
+                     plan.c.get(), g.c.data_ptr(), plan.c.get(), &plan.heuristic.algo,
                      workspace(device, stream), kWorkspaceBytes, stream),
       "cublasLtMatmul");
   return true;
