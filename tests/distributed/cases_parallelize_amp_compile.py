@@ -72,3 +72,29 @@ def case_compiled_matches_eager_in_float64():
             assert _relative(grads_c[key], grads_e[key]) <= COMPILED_RELATIVE, f"compiled gradient of {key} differs"
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     assert graphs > 0, "torch.compile captured no graph: the compiled model ran eagerly"
+
+
+def case_compiled_llama_attention_has_no_graph_break():
+    """Llama's attention reads its config (the attention implementation) through the view with its local head
+    counts: that view's attribute lookup broke the graph in every attention (17 graphs for this 2-layer model,
+    each attention run eagerly); now the model is 3 graphs (the label hook, the body, the logits hook) and the
+    compiled model gives the eager results."""
+    torch.manual_seed(0)
+    eager = ts.nn.parallelize(models.llama().to(F64))
+    torch.manual_seed(0)
+    model = ts.nn.parallelize(models.llama().to(F64))
+    torch._dynamo.reset()
+    ids, labels = _tokens(9)
+    explained = torch._dynamo.explain(model)(input_ids=ids, labels=labels)
+    assert explained.graph_count <= 3, (f"torch.compile splits the parallelized Llama into {explained.graph_count} "
+                                        f"graphs: a graph break inside its attention? {explained.break_reasons}")
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="aot_eager")
+    out_e, out_c = eager(input_ids=ids, labels=labels), compiled(input_ids=ids, labels=labels)
+    out_e.loss.backward()
+    out_c.loss.backward()
+    assert _relative(out_c.loss.detach(), out_e.loss.detach()) <= COMPILED_RELATIVE
+    assert _relative(out_c.logits.detach(), out_e.logits.detach()) <= COMPILED_RELATIVE
+    grads_e, grads_c = collected_grads(eager), collected_grads(model)
+    for key in grads_e:
+        assert _relative(grads_c[key], grads_e[key]) <= COMPILED_RELATIVE, f"compiled gradient of {key} differs"
