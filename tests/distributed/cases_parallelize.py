@@ -550,3 +550,20 @@ def case_a_vocabulary_read_as_whole_is_refused_or_follows():
     ids = torch.arange(96, 96 - 21, -1).reshape(3, 7)  # ids beyond every rank's own rows
     expected = ref(input_ids=ids, decoder_input_ids=ids).logits.detach()
     assert_close(_whole(par(input_ids=ids, decoder_input_ids=ids).logits, True), expected, F64, "T5 logits")
+
+
+def case_options_that_differ_between_ranks_are_refused_on_every_rank():
+    # verbose=True on one rank alone used to abort in its report's all-gather (a Gloo size mismatch).
+    rank, size = ts.distributed.get_group_rank(), ts.distributed.get_group_size()
+    model = models.mingpt()
+    verbose = ", ".join(f"{r == 0} on group rank {r}" for r in range(size))
+    expect_error(lambda: ts.nn.parallelize(model, verbose=rank == 0), "parallelize: every rank of group 'tp' must "
+                 "pass the same verbose; got verbose: " + verbose, exception=ValueError)
+    message = expect_error(lambda: ts.nn.parallelize(model, plan={"blocks.0.attn": "attention"} if rank else "auto",
+                                                     logits="sharded" if rank else "whole"),
+                           "the same plan, logits;", "logits: 'whole' on group rank 0, 'sharded' on group rank 1",
+                           exception=ValueError)
+    assert "plan: 'auto' on group rank 0, {'blocks.0.attn': 'attention'} on group rank 1" in message, message
+    assert type(model.blocks[0].attn.key) is torch.nn.Linear, "a refused call changed the model"
+    ts.nn.parallelize(model, plan=dict(reversed(list(ts.nn.auto_plan(model).items()))))  # same plan, any order
+    assert type(model.blocks[0].attn.key) is not torch.nn.Linear
