@@ -221,7 +221,11 @@ def _check_collective_count(build, step, layers, name, vocab_embedding=True, voc
     # The training configuration that reads only the loss (the default also gathers the returned logits).
     ts.nn.parallelize(model, sequence_parallel=sequence_parallel, logits="sharded")
     ts.distributed.reduce(torch.zeros(1))  # the group's shared memory segment, set up once, not counted
+    first, _ = _collectives(lambda: step(model, True, 1, whole=False))  # the steady state is counted below
     forward, (loss, _) = _collectives(lambda: step(model, True, 1, whole=False))
+    assert first["all_gather"] == forward["all_gather"] + 1 and first["all_reduce"] == forward["all_reduce"], (
+        f"{name}: the first training forward checks that the ranks' inputs agree (one all-gather, once): first "
+        f"{dict(first)}, then {dict(forward)}")
     backward, _ = _collectives(lambda: loss.backward())
     # Megatron's minimum per block: forward one all-reduce after each row-parallel projection, backward one for
     # each block input's gradient (q/k/v, or gate/up, share it). Plus the embedding's forward all-reduce and the
@@ -341,7 +345,8 @@ def case_masked_lm_labels_give_the_unsharded_masked_loss():
     # A plain module with a vocabulary head (no Hugging Face output embeddings) gets no hook: its loss is
     # the caller's.
     plain = ts.nn.parallelize(models.mingpt())
-    assert not plain._forward_pre_hooks, plain._forward_pre_hooks
+    hooks = [hook.__qualname__ for hook in plain._forward_pre_hooks.values()]
+    assert all(name.startswith("check_inputs_at_first_training_forward") for name in hooks), hooks
 
 
 def case_fused_causal_lm_loss_matches_unsharded():

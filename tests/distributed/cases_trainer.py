@@ -89,3 +89,15 @@ def case_first_step_refuses_different_inputs_on_the_ranks_of_a_group():
     expect_error(trainer.train, "TensorParallelTrainer: the ranks of tensor-parallel group 'tp' were given "
                  "different inputs", "Fix: ", exception=ValueError)
     torch.distributed.barrier()
+
+
+def case_the_plain_trainer_is_refused_at_its_first_step():
+    # transformers.Trainer under torchrun gives each rank its own batches: the parallelized model's first
+    # training forward says so on every rank (it trained other weights silently before).
+    from transformers import Trainer
+    folder = os.path.join(os.environ["SHARDTORCH_TEST_SCRATCH"], "trainer-plain")
+    model = ts.nn.parallelize(_gpt2())
+    trainer = Trainer(model=model, args=_arguments(folder), train_dataset=_dataset())
+    expect_error(trainer.train, "parallelize: the ranks of tensor-parallel group 'tp' were given different inputs",
+                 "TensorParallelTrainer", exception=ValueError)
+    torch.distributed.barrier()

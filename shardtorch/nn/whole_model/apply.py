@@ -19,6 +19,7 @@ from .norms import gradients_summed_by_a_hook
 from .plan import Placement, resolve
 from .report import parameter_bytes, print_report
 from .hf_methods import parallel_hf_methods
+from .input_agreement import check_inputs_at_first_training_forward
 from .logits import check_logits_option, gather_output_logits
 from .options_agree import check_options_agree
 from .vocabulary import tie, vocabulary_parallel
@@ -77,6 +78,7 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
                                                "verbose": verbose, "logits": logits})
     size, rank = state.get_group_size(group), state.get_group_rank(group)
     placements = resolve(model, plan, size, sequence_parallel)
+    check_inputs_at_first_training_forward(model, group)
     blocks = _sequence_parallel_blocks(model, placements) if sequence_parallel else []
     whole_bytes = parameter_bytes(model)
     modules = dict(model.named_modules())

@@ -5,11 +5,13 @@ batch. A data loader that hands each process its own batches (a sampler over
 every process, Hugging Face's Trainer under torchrun) trains another model,
 silently. One all-gather of a 64-bit digest per rank, of every tensor among
 the inputs (by its bytes), says so; where they differ every rank raises the
-same ValueError, with the fix."""
+same ValueError, with the fix. ``parallelize`` makes this check at a
+model's first training forward; ``TensorParallelTrainer`` at its first step."""
 import hashlib
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from ...distributed import state
 
@@ -48,3 +50,24 @@ def check_inputs_agree(who: str, group: str, inputs, fix: str) -> None:
         raise ValueError(f"{who}: the ranks of tensor-parallel group {group!r} were given different inputs (group "
                          f"rank(s) {differ} differ from group rank 0): every rank of a group computes the same "
                          f"model on the same batch, so this would train another model. Fix: {fix}")
+
+
+_FIRST_STEP_FIX = ("give every rank of a tensor-parallel group the same batches: shard the data over the "
+                   "data-parallel group only (ts.utils.data.DistributedGroupSampler; Hugging Face's Trainer: "
+                   "shardtorch.utils.trainer.TensorParallelTrainer)")
+
+
+def check_inputs_at_first_training_forward(model: nn.Module, group: str) -> None:
+    """Checks, at ``model``'s first forward that trains (training mode, gradients on, eager), that the ranks of
+    ``group`` were given the same inputs, then stops checking (one all-gather of a digest, once)."""
+    if state.get_group_size(group) == 1:
+        return
+    handle = None
+
+    def hook(module, args, kwargs):
+        if not module.training or not torch.is_grad_enabled() or torch.compiler.is_compiling():
+            return None
+        handle.remove()
+        check_inputs_agree("parallelize", group, (args, kwargs), _FIRST_STEP_FIX)
+        return None
+    handle = model.register_forward_pre_hook(hook, with_kwargs=True, prepend=True)
