@@ -52,14 +52,21 @@ def case_tensor_parallel_trainer_trains_and_saves_the_unsharded_model():
     trainer = TensorParallelTrainer(model=model, args=_arguments(folder), train_dataset=_dataset())
     trainer.train()
     assert len(fed) == STEPS, f"{len(fed)} forwards for {STEPS} steps"
-    batches = [None] * ts.distributed.get_group_size()
-    torch.distributed.all_gather_object(batches, [ids.tolist() for ids, _, _ in fed])
-    assert all(b == batches[0] for b in batches), "the ranks of the group were fed different batches"
-    assert len({str(b) for b in batches[0]}) == STEPS, "every step was fed the same batch"
-    # The same steps on the unsharded model, as the Trainer takes them in one process: the summed loss over the
-    # batch's label count (Hugging Face's num_items_in_batch), torch's AdamW, the loss written out in float64.
+    everyone = [None] * ts.distributed.get_world_size()
+    torch.distributed.all_gather_object(everyone, [(ids.tolist(), labels.tolist()) for ids, labels, _ in fed])
+    group = [everyone[r] for r in ts.distributed.get_group_ranks()]
+    assert all(b == group[0] for b in group), "the ranks of the tensor-parallel group were fed different batches"
+    replicas = [everyone[r] for r in ts.distributed.get_group_ranks(ts.distributed.DATA_PARALLEL)]
+    steps = [[replica[step] for replica in replicas] for step in range(STEPS)]
+    assert len({str(b) for step in steps for b in step}) == STEPS * len(replicas), \
+        "a batch came twice: the data-parallel groups, or the steps, were fed the same batches"
+    # The same steps on the unsharded model, as the Trainer takes them in one process on the global batch (the
+    # data-parallel groups' batches together): the summed loss over the batch's label count (Hugging Face's
+    # num_items_in_batch), torch's AdamW, the loss written out in float64.
     optimizer = torch.optim.AdamW(reference.parameters(), lr=LR, weight_decay=0.0)
-    for ids, labels, _ in fed:
+    for step in steps:
+        ids = torch.cat([torch.tensor(ids_) for ids_, _ in step])
+        labels = torch.cat([torch.tensor(labels_) for _, labels_ in step])
         logits = reference(input_ids=ids).logits
         shifted = F.pad(labels, (0, 1), value=-100)[..., 1:].reshape(-1)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), shifted, reduction="sum") / (labels != -100).sum()
