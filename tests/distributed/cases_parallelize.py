@@ -572,3 +572,10 @@ def case_options_that_differ_between_ranks_are_refused_on_every_rank():
     assert type(model.blocks[0].attn.key) is torch.nn.Linear, "a refused call changed the model"
     ts.nn.parallelize(model, plan=dict(reversed(list(ts.nn.auto_plan(model).items()))))  # same plan, any order
     assert type(model.blocks[0].attn.key) is not torch.nn.Linear
+    # from_config (and from_pretrained) check theirs before building, dtype included.
+    from transformers import GPT2LMHeadModel
+    config = models.gpt2().config
+    dtypes = ", ".join(f"{torch.float64 if r else None} on group rank {r}" for r in range(size))
+    expect_error(lambda: ts.nn.from_config(GPT2LMHeadModel, config, dtype=torch.float64 if rank else None),
+                 "from_config: every rank of group 'tp' must pass the same dtype; got dtype: " + dtypes,
+                 exception=ValueError)
