@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _C
+from .compile_cache import forget_rank_in_compile_caches, key_compile_caches_by_rank
 from .device_mesh import DeviceMesh, groups_from_mesh, mesh_from_groups
 from .elastic_store import elastic_store
 from .placement import warn_if_groups_span_nodes
@@ -166,6 +167,7 @@ def init_process_group(group_size: Optional[int] = None, backend: Optional[str] 
     for name, group in state.groups.items():
         _C.register_group(name, group.group_name, state.ranks[name])
     _state = state
+    key_compile_caches_by_rank(rank, world, state.ranks)
     warn_if_groups_span_nodes(state.groups[WORLD], topology.tensor_parallel_groups())
 
 
@@ -189,6 +191,7 @@ def _init_from_mesh(mesh: DeviceMesh, group_size: Optional[int]) -> None:
     for name, group in state.groups.items():
         _C.register_group(name, group.group_name, state.ranks[name])
     _state = state
+    key_compile_caches_by_rank(rank, world, state.ranks)
 
 
 def device_mesh(device_type: Optional[str] = None) -> DeviceMesh:
@@ -229,6 +232,7 @@ def destroy_process_group(keep_torch_distributed: bool = False) -> None:
                 pass
     owns = _state.owns_default_group
     _state = None
+    forget_rank_in_compile_caches()
     if owns and not keep_torch_distributed and dist.is_initialized():
         dist.destroy_process_group()
     if deferred_error is not None:
@@ -260,6 +264,7 @@ def register_group(name: str, group: dist.ProcessGroup, ranks: Optional[List[int
     ranks = list(ranks) if ranks is not None else dist.get_process_group_ranks(group)
     _C.register_group(name, group.group_name, ranks)
     state.groups[name], state.ranks[name] = group, ranks
+    key_compile_caches_by_rank(dist.get_rank(), dist.get_world_size(), state.ranks)
 
 
 def is_initialized() -> bool:

@@ -221,7 +221,11 @@ def _check_collective_count(build, step, layers, name, vocab_embedding=True, voc
     # The training configuration that reads only the loss (the default also gathers the returned logits).
     ts.nn.parallelize(model, sequence_parallel=sequence_parallel, logits="sharded")
     ts.distributed.reduce(torch.zeros(1))  # the group's shared memory segment, set up once, not counted
+    first, _ = _collectives(lambda: step(model, True, 1, whole=False))  # the steady state is counted below
     forward, (loss, _) = _collectives(lambda: step(model, True, 1, whole=False))
+    assert first["all_gather"] == forward["all_gather"] + 1 and first["all_reduce"] == forward["all_reduce"], (
+        f"{name}: the first training forward checks that the ranks' inputs agree (one all-gather, once): first "
+        f"{dict(first)}, then {dict(forward)}")
     backward, _ = _collectives(lambda: loss.backward())
     # Megatron's minimum per block: forward one all-reduce after each row-parallel projection, backward one for
     # each block input's gradient (q/k/v, or gate/up, share it). Plus the embedding's forward all-reduce and the
@@ -341,7 +345,8 @@ def case_masked_lm_labels_give_the_unsharded_masked_loss():
     # A plain module with a vocabulary head (no Hugging Face output embeddings) gets no hook: its loss is
     # the caller's.
     plain = ts.nn.parallelize(models.mingpt())
-    assert not plain._forward_pre_hooks, plain._forward_pre_hooks
+    hooks = [hook.__qualname__ for hook in plain._forward_pre_hooks.values()]
+    assert all(name.startswith("check_inputs_at_first_training_forward") for name in hooks), hooks
 
 
 def case_fused_causal_lm_loss_matches_unsharded():
@@ -554,3 +559,27 @@ def case_a_vocabulary_read_as_whole_is_refused_or_follows():
     ids = torch.arange(96, 96 - 21, -1).reshape(3, 7)  # ids beyond every rank's own rows
     expected = ref(input_ids=ids, decoder_input_ids=ids).logits.detach()
     assert_close(_whole(par(input_ids=ids, decoder_input_ids=ids).logits, True), expected, F64, "T5 logits")
+
+
+def case_options_that_differ_between_ranks_are_refused_on_every_rank():
+    # verbose=True on one rank alone used to abort in its report's all-gather (a Gloo size mismatch).
+    rank, size = ts.distributed.get_group_rank(), ts.distributed.get_group_size()
+    model = models.mingpt()
+    verbose = ", ".join(f"{r == 0} on group rank {r}" for r in range(size))
+    expect_error(lambda: ts.nn.parallelize(model, verbose=rank == 0), "parallelize: every rank of group 'tp' must "
+                 "pass the same verbose; got verbose: " + verbose, exception=ValueError)
+    message = expect_error(lambda: ts.nn.parallelize(model, plan={"blocks.0.attn": "attention"} if rank else "auto",
+                                                     logits="sharded" if rank else "whole"),
+                           "the same plan, logits;", "logits: 'whole' on group rank 0, 'sharded' on group rank 1",
+                           exception=ValueError)
+    assert "plan: 'auto' on group rank 0, {'blocks.0.attn': 'attention'} on group rank 1" in message, message
+    assert type(model.blocks[0].attn.key) is torch.nn.Linear, "a refused call changed the model"
+    ts.nn.parallelize(model, plan=dict(reversed(list(ts.nn.auto_plan(model).items()))))  # same plan, any order
+    assert type(model.blocks[0].attn.key) is not torch.nn.Linear
+    # from_config (and from_pretrained) check theirs before building, dtype included.
+    from transformers import GPT2LMHeadModel
+    config = models.gpt2().config
+    dtypes = ", ".join(f"{torch.float64 if r else None} on group rank {r}" for r in range(size))
+    expect_error(lambda: ts.nn.from_config(GPT2LMHeadModel, config, dtype=torch.float64 if rank else None),
+                 "from_config: every rank of group 'tp' must pass the same dtype; got dtype: " + dtypes,
+                 exception=ValueError)

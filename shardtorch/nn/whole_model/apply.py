@@ -19,7 +19,9 @@ from .norms import gradients_summed_by_a_hook
 from .plan import Placement, resolve
 from .report import parameter_bytes, print_report
 from .hf_methods import parallel_hf_methods
+from .input_agreement import check_inputs_at_first_training_forward
 from .logits import check_logits_option, gather_output_logits, generating
+from .options_agree import check_options_agree
 from . import proof
 from ...checkpoint.layout import model_layout
 from .vocabulary import tie, vocabulary_parallel
@@ -70,8 +72,10 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
             vocabulary shards, marked, for the parallel losses: no gather).
 
     The model's own forward runs unchanged: each attention's head-count
-    attributes are set to its local heads. A bad plan raises ValueError on
-    every rank before any collective. A Hugging Face LM called with
+    attributes are set to its local heads. A bad plan, or options that differ between the
+    ranks of the group (``plan``, ``sequence_parallel``, ``verbose``,
+    ``logits``: checked by one small all-gather, each rank's value named),
+    raise ValueError on every rank before any other collective. A Hugging Face LM called with
     ``labels=`` then computes its declared loss (causal, masked, or
     encoder-decoder) from the shards (loss.py), and returns the logits whole
     (``logits``). Attention, MLPs, experts and a vocabulary left whole are
@@ -87,6 +91,8 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
     if not isinstance(group, str):
         raise TypeError(f"parallelize: group must be a shardtorch group name (str), got {group!r}")
     check_logits_option(logits)
+    check_options_agree("parallelize", group, {"plan": plan, "sequence_parallel": sequence_parallel,
+                                               "verbose": verbose, "logits": logits, "verify": verify})
     size, rank = state.get_group_size(group), state.get_group_rank(group)
     placements = resolve(model, plan, size, sequence_parallel)
     blocks = _sequence_parallel_blocks(model, placements) if sequence_parallel else []
@@ -140,6 +146,8 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
         gather_output_logits(model, vocabulary_head.weight.shape[0], vocabulary_head.out_features, group, logits)
     if proving is not None:
         _prove_after_split(model, placements, proving, group, sequence_parallel)
+    # After the proof, whose training forwards would use up the one-time check.
+    check_inputs_at_first_training_forward(model, group)
     whole = left_whole(model)
     warned = [describe(entry) for entry in whole if entry[2] in WARNED]
     if warned:

@@ -335,17 +335,42 @@ def draw_dropout_from_model_parallel_stream(module: nn.Module) -> None:
     dropout on sharded activations (this rank's heads, its part of the
     sequence) then draws masks independent across ranks, and the default
     stream, which replicated activations draw from, does not advance inside.
-    Hooks, not a replaced forward, so that copies of the model stay right."""
+    Hooks, not a replaced forward, so that copies of the model stay right.
+    A region that draws no random numbers (read once, here: see
+    ``may_draw_random_numbers``) does not fork the stream: nothing would
+    change, and under torch.compile the fork's generator state calls break
+    the graph."""
+    module.__dict__[_DRAWS_ATTR] = may_draw_random_numbers(module)
     module.register_forward_pre_hook(_enter_model_parallel_stream)
     module.register_forward_hook(_leave_model_parallel_stream, always_call=True)
 
 
 _FORK_ATTR = "_shardtorch_dropout_fork"
+_DRAWS_ATTR = "_shardtorch_draws_random_numbers"
+
+
+def _positive_drop(owner) -> bool:
+    return any("drop" in name and isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+               for name, value in vars(owner).items())
+
+
+def may_draw_random_numbers(module: nn.Module) -> bool:
+    """Whether ``module``'s forward may draw random numbers while training: a dropout submodule with p > 0,
+    or a number above 0 under a name containing "drop" in a submodule or its config (the functional
+    dropout of Llama's ``attention_dropout``, GPT-2's ``attn_pdrop``). Conservative: any such number counts."""
+    for sub in module.modules():
+        if isinstance(sub, nn.modules.dropout._DropoutNd) and sub.p > 0:
+            return True
+        config = getattr(sub, "config", None)
+        if _positive_drop(sub) or (config is not None and hasattr(config, "__dict__") and _positive_drop(config)):
+            return True
+    return False
 
 
 def _enter_model_parallel_stream(module, args):
     from ... import random as ts_random
-    if module.training and ts_random.MODEL_PARALLEL in ts_random.get_rng_tracker().names():
+    if (module.training and module.__dict__.get(_DRAWS_ATTR, True)
+            and ts_random.MODEL_PARALLEL in ts_random.get_rng_tracker().names()):
         context = ts_random.fork()
         context.__enter__()
         module.__dict__.setdefault(_FORK_ATTR, []).append(context)

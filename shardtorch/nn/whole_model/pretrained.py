@@ -27,6 +27,7 @@ from .init_replay import replay, targets_of
 from .materialize import materialize, named_tensors
 from .meta_build import MetaBuildError, build_on_meta, build_recorded
 from .model_source import default_dtype, resolve_dtype, source_from_config, source_from_folder
+from .options_agree import check_options_agree, options_checked
 
 
 def from_pretrained(model, path=None, *, dtype="auto", plan="auto", group: str = state.TENSOR_PARALLEL,
@@ -77,6 +78,8 @@ def from_pretrained(model, path=None, *, dtype="auto", plan="auto", group: str =
                             f"from_pretrained(ModelClass, path), got model={model!r} and no path")
         path = model
     folder = os.fspath(path)
+    check_options_agree(who, group, {"dtype": dtype, "plan": plan, "sequence_parallel": sequence_parallel,
+                                     "verbose": verbose, "logits": logits, "config_overrides": config_overrides})
 
     def prepare():
         entries = checkpoint_entries(folder)
@@ -100,7 +103,9 @@ def from_pretrained(model, path=None, *, dtype="auto", plan="auto", group: str =
     built, record, incomplete, originals, keys, entries, missing, unexpected = _agreed(prepare, who)
     # After the agreement: its refusals are the same on every rank (they read only the model), and verbose=True
     # makes a collective.
-    parallelize(built, plan=plan, group=group, sequence_parallel=sequence_parallel, verbose=verbose, logits=logits)
+    with options_checked(group):
+        parallelize(built, plan=plan, group=group, sequence_parallel=sequence_parallel, verbose=verbose,
+                    logits=logits)
     reads = _read_plan(built, keys, entries)
     mapped = {}
 
@@ -152,6 +157,8 @@ def from_config(model, config=None, *, dtype=None, plan="auto", group: str = sta
     one computed from other random tensors) raises an error naming it.
     Collective over the world (errors are agreed before anything is drawn)."""
     who = "from_config"
+    check_options_agree(who, group, {"dtype": dtype, "plan": plan, "sequence_parallel": sequence_parallel,
+                                     "verbose": verbose, "logits": logits})
     source = source_from_config(model, config, who)
     resolved = resolve_dtype(dtype, source.config, [], who)
 
@@ -161,7 +168,9 @@ def from_config(model, config=None, *, dtype=None, plan="auto", group: str = sta
         return built, record, named_tensors(built)
 
     built, record, originals = _agreed(prepare, who)
-    parallelize(built, plan=plan, group=group, sequence_parallel=sequence_parallel, verbose=verbose, logits=logits)
+    with options_checked(group):
+        parallelize(built, plan=plan, group=group, sequence_parallel=sequence_parallel, verbose=verbose,
+                    logits=logits)
     meta = materialize(built, "cpu")
     replay(record, targets_of(built, originals, meta), live=False, who=who)
     return built.to(device)

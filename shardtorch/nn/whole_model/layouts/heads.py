@@ -114,7 +114,10 @@ class LocalHeadsConfig:
         object.__setattr__(self, "_local", dict(overrides))
 
     def __getattr__(self, name):
-        state = object.__getattribute__(self, "__dict__")
+        # Reached only when the instance and its class lack ``name``. ``self.__dict__`` (found on the class, so no
+        # recursion), not object.__getattribute__, which torch.compile cannot trace: it broke the graph in
+        # every attention that reads its config (Llama's, each forward).
+        state = self.__dict__
         if name in ("_shared", "_local") or "_shared" not in state:
             raise AttributeError(name)
         if name in state["_local"]:
