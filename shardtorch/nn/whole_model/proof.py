@@ -306,53 +306,52 @@ def run_probe(model: nn.Module, inputs: Tuple[tuple, dict], watched: Dict[str, n
     return record
 
 
-def whole_sketch(model: nn.Module, record: Record) -> Callable[[], None]:
-    """Each parameter's sketch taken as soon as its gradient is accumulated, which is then dropped:
-    the whole model's gradients are never all held."""
+def _on_each_gradient(model: nn.Module, take: Callable[[str, torch.Tensor], None]) -> Callable[[], None]:
+    """Calls ``take(name, gradient)`` as soon as each parameter's gradient is accumulated (after any hook
+    on the gradient itself, such as the sums of partial gradients under sequence parallelism), then drops
+    it: the gradients are never all held. Returns what removes the hooks."""
     handles = []
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
 
         def hook(param, name=name):
-            g = param.grad
-            record.sketches[name] = _sketch(g, _factors(name, g.shape, g.device, g.dtype))
+            take(name, param.grad)
             param.grad = None
         handles.append(p.register_post_accumulate_grad_hook(hook))
 
-    def finish():
+    def remove():
         for h in handles:
             h.remove()
-    return finish
+    return remove
+
+
+def whole_sketch(model: nn.Module, record: Record) -> Callable[[], None]:
+    """Each parameter's sketch, from its whole gradient."""
+    def take(name, g):
+        record.sketches[name] = _sketch(g, _factors(name, g.shape, g.device, g.dtype))
+    return _on_each_gradient(model, take)
 
 
 def parallel_sketch(layouts: Dict[str, object], group: str) -> Callable[[nn.Module, Record], Callable[[], None]]:
-    """The same sketches from the shards, each taken once its gradient is accumulated (after the hooks
-    that sum partial gradients under sequence parallelism, which act on the gradient before that): a
-    sharded parameter's part of <g, R> with its slice of R's factor along the split dimension and its
-    part of |g|^2, summed over the group in one all-reduce after the backward."""
+    """The same sketches from the shards: a sharded parameter's part of <g, R> with its slice of R's factor
+    along the split dimension and its part of |g|^2, summed over the group in one all-reduce after the
+    backward."""
     def arm(model: nn.Module, record: Record) -> Callable[[], None]:
         sharded: Dict[str, torch.Tensor] = {}
-        handles = []
-        for name, p in model.named_parameters():
-            if not p.requires_grad:
-                continue
 
-            def hook(param, name=name):
-                g = param.grad
-                layout = layouts.get(name)
-                if layout is not None and layout.sharded:
-                    factors = _factors(name, layout.full_shape, g.device, g.dtype)
-                    factors[layout.dim] = _shard_of(factors[layout.dim], layout)
-                    sharded[name] = _sketch(g, factors)
-                else:
-                    record.sketches[name] = _sketch(g, _factors(name, g.shape, g.device, g.dtype))
-                param.grad = None
-            handles.append(p.register_post_accumulate_grad_hook(hook))
+        def take(name, g):
+            layout = layouts.get(name)
+            if layout is not None and layout.sharded:
+                factors = _factors(name, layout.full_shape, g.device, g.dtype)
+                factors[layout.dim] = _shard_of(factors[layout.dim], layout)
+                sharded[name] = _sketch(g, factors)
+            else:
+                record.sketches[name] = _sketch(g, _factors(name, g.shape, g.device, g.dtype))
+        remove = _on_each_gradient(model, take)
 
         def finish():
-            for h in handles:
-                h.remove()
+            remove()
             names = sorted(name for name, layout in layouts.items() if layout.sharded and name in
                            dict(model.named_parameters()))
             if not names:
