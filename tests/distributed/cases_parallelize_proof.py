@@ -99,7 +99,9 @@ def case_proof_touches_neither_rng_nor_gradients():
 
 def case_verify_false_skips_the_proof():
     # Skipped, the look-alike is split as the layouts read it: silently wrong, as documented.
-    ts.nn.parallelize(_built(LOOKALIKES["head_minor_llama"]), verify=False)
+    model = ts.nn.parallelize(_built(LOOKALIKES["head_minor_llama"]), verify=False)
+    local = model.model.layers[0].self_attn.q_proj.weight.shape[0]
+    assert local < 48, f"verify=False left the attention whole ({local} of 48 rows)"
 
 
 class _Unknown(torch.nn.Module):

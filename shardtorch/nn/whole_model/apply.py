@@ -74,7 +74,7 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
     The model's own forward runs unchanged: each attention's head-count
     attributes are set to its local heads. A bad plan, or options that differ between the
     ranks of the group (``plan``, ``sequence_parallel``, ``verbose``,
-    ``logits``: checked by one small all-gather, each rank's value named),
+    ``logits``, ``verify``: checked by one small all-gather, each rank's value named),
     raise ValueError on every rank before any other collective. A Hugging Face LM called with
     ``labels=`` then computes its declared loss (causal, masked, or
     encoder-decoder) from the shards (loss.py), and returns the logits whole
@@ -172,9 +172,7 @@ def _probe_before_split(model, placements, verify, probe, sequence_parallel, gro
         if probe is None:
             inputs = proof.probe_inputs(model)
             if inputs is None:
-                warnings.warn(f"parallelize: cannot tell the inputs of {type(model).__name__}, so the split is "
-                              f"not proven exact against the whole model: pass probe=(args, kwargs) (a small "
-                              f"batch), or verify=False to skip the proof")
+                _warn_not_proven(f"cannot tell the inputs of {type(model).__name__}")
         elif isinstance(probe, dict):
             inputs = ((), probe)
         elif isinstance(probe, tuple) and len(probe) == 2 and isinstance(probe[1], dict):
@@ -189,12 +187,15 @@ def _probe_before_split(model, placements, verify, probe, sequence_parallel, gro
         except Exception as error:  # noqa: BLE001 - a guessed batch the model does not take
             if probe is not None:
                 raise
-            warnings.warn(f"parallelize: the whole {type(model).__name__} does not run on the probe batch "
-                          f"parallelize guessed ({type(error).__name__}: {error}), so the split is not proven "
-                          f"exact against the whole model: pass probe=(args, kwargs) (a small batch), or "
-                          f"verify=False to skip the proof")
-    proof.agree_before_split(record, verify, group)
+            _warn_not_proven(f"the whole {type(model).__name__} does not run on the probe batch parallelize "
+                             f"guessed ({type(error).__name__}: {error})")
+    proof.agree_before_split(record, group)
     return None if record is None else (inputs, record)
+
+
+def _warn_not_proven(why: str) -> None:
+    warnings.warn(f"parallelize: {why}, so the split is not proven exact against the whole model: pass "
+                  f"probe=(args, kwargs) (a small batch), or verify=False to skip the proof")
 
 
 def _whole_output(placement: Placement) -> bool:

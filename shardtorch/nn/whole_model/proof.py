@@ -421,28 +421,25 @@ def compare(whole: Record, parallel: Record, bound: float) -> List[Tuple[str, st
     return found
 
 
-def agree_before_split(record: Optional[Record], verify: bool, group: str) -> None:
-    """One all-gather of (verify, proving, a digest of the whole model's outputs) over the group; raises
-    on every rank where they differ: a rank that proves while another does not would wait for it in a
-    collective, and ranks whose whole models differ split weights that are not one model's."""
+def agree_before_split(record: Optional[Record], group: str) -> None:
+    """One all-gather of (proving, a digest of the whole model's outputs) over the group; raises on every
+    rank where they differ: a rank that proves while another does not would wait for it in a collective,
+    and ranks whose whole models differ split weights that are not one model's. (``verify`` itself is
+    checked with parallelize's other options, options_agree.py.)"""
     size = state.get_group_size(group)
     if size == 1:
         return
     digest = 0.0
     if record is not None:
         digest = sum(o.to(torch.float64).pow(2).sum().item() for o in record.eval_outputs)
-    mine = torch.tensor([float(verify), float(record is not None), digest], dtype=torch.float64)
+    mine = torch.tensor([float(record is not None), digest], dtype=torch.float64)
     everyone = [torch.zeros_like(mine) for _ in range(size)]
     dist.all_gather(everyone, mine, group=state.get_group(group))
-    verifies = [bool(t[0].item()) for t in everyone]
-    proving = [bool(t[1].item()) for t in everyone]
-    if len(set(verifies)) > 1:
-        raise ValueError(f"parallelize: every rank of group {group!r} must pass the same verify; got "
-                         f"{verifies} by group rank")
+    proving = [bool(t[0].item()) for t in everyone]
     if len(set(proving)) > 1:
         raise ValueError(f"parallelize: the ranks of group {group!r} disagree about proving the split (by group "
                          f"rank: {proving}): pass the same probe= on every rank")
-    digests = [t[2].item() for t in everyone]
+    digests = [t[1].item() for t in everyone]
     if record is not None and max(digests) - min(digests) > 1e-9 * max(abs(d) for d in digests):
         raise ValueError(f"parallelize: the ranks of group {group!r} hold different models: their whole models "
                          f"give different outputs on the probe batch (sums of squares by group rank: "
