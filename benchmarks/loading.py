@@ -10,6 +10,8 @@ save_pretrained in float32 (1.03 GiB in one model.safetensors), made once
 under benchmarks/out/. Each way of loading runs in fresh processes (torchrun's
 environment, Gloo), one after the other, round-robin over the rounds:
 - shardtorch: ``ts.nn.from_pretrained(path)``;
+- shardtorch unproven: ``ts.nn.from_pretrained(path, verify=False)`` (what the
+  proof on a miniature of the class costs, against the line above);
 - transformers: ``AutoModelForCausalLM.from_pretrained(path, tp_plan="auto")``;
 - whole, then parallelize: ``from_pretrained(path)`` then ``ts.nn.parallelize``.
 Per rank: resident memory after the imports and the process group (the
@@ -32,7 +34,7 @@ import common  # noqa: E402
 
 CONFIG = dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=18,
               num_attention_heads=16, num_key_value_heads=8, max_position_embeddings=512, tie_word_embeddings=False)
-WAYS = ("shardtorch", "transformers", "whole+parallelize")
+WAYS = ("shardtorch", "shardtorch-unproven", "transformers", "whole+parallelize")
 
 
 def rank_job(way, path):
@@ -51,6 +53,8 @@ def rank_job(way, path):
     start = time.perf_counter()
     if way == "shardtorch":
         model = ts.nn.from_pretrained(path)
+    elif way == "shardtorch-unproven":
+        model = ts.nn.from_pretrained(path, verify=False)
     elif way == "transformers":
         model = AutoModelForCausalLM.from_pretrained(path, tp_plan="auto")
     else:

@@ -11,9 +11,11 @@ from torch import nn
 from tests.distributed.parallelize_models import VOCAB, gpt2, llama
 
 
-def head_minor_llama():
-    """A Llama whose attention views q/k/v head-minor ([batch, seq, head_dim, heads]: column c belongs to
-    head c % heads), with Llama's names, head counts and sizes."""
+def _head_minor_llama_class():
+    """LlamaForCausalLM whose attention views q/k/v head-minor ([batch, seq, head_dim, heads]: column c
+    belongs to head c % heads), with Llama's names, head counts and sizes: built so from its config
+    (as from_config and from_pretrained build it)."""
+    from transformers import LlamaForCausalLM
     from transformers.models.llama import modeling_llama as m
 
     class HeadMinorLlamaAttention(m.LlamaAttention):
@@ -28,17 +30,18 @@ def head_minor_llama():
             out, weights = m.eager_attention_forward(self, q, k, v, attention_mask, scaling=self.scaling)
             return self.o_proj(out.reshape(batch, seq, -1).contiguous()), weights
 
-    model = llama()
-    for layer in model.model.layers:
-        old = layer.self_attn
-        new = HeadMinorLlamaAttention(old.config, old.layer_idx)
-        new.load_state_dict(old.state_dict())
-        layer.self_attn = new
-    return model
+    class HeadMinorLlamaForCausalLM(LlamaForCausalLM):
+        def __init__(self, config):
+            super().__init__(config)
+            for layer in self.model.layers:
+                layer.self_attn = HeadMinorLlamaAttention(config, layer.self_attn.layer_idx)
+            self.post_init()
+
+    return HeadMinorLlamaForCausalLM
 
 
-def log_softmax_gpt2():
-    """A GPT-2 whose forward returns log-probabilities (a helper normalises the logits over the
+def _log_softmax_gpt2_class():
+    """GPT2LMHeadModel whose forward returns log-probabilities (a helper normalises the logits over the
     vocabulary)."""
     from transformers import GPT2LMHeadModel
 
@@ -51,10 +54,27 @@ def log_softmax_gpt2():
             out.logits = normalised(out.logits)
             return out
 
-    base = gpt2()
-    model = LogProbGPT2(base.config)
-    model.load_state_dict(base.state_dict())
-    return model
+    return LogProbGPT2
+
+
+_CLASSES = {}
+
+
+def lookalike_class(name: str) -> type:
+    """The look-alike transformers class ``name`` ("head_minor_llama", "log_softmax_gpt2"), made once
+    (its config is the model's it looks like)."""
+    if name not in _CLASSES:
+        _CLASSES[name] = {"head_minor_llama": _head_minor_llama_class,
+                          "log_softmax_gpt2": _log_softmax_gpt2_class}[name]()
+    return _CLASSES[name]
+
+
+def head_minor_llama():
+    return lookalike_class("head_minor_llama")(llama().config)
+
+
+def log_softmax_gpt2():
+    return lookalike_class("log_softmax_gpt2")(gpt2().config)
 
 
 class _Attention(nn.Module):

@@ -21,7 +21,8 @@ from .report import parameter_bytes, print_report
 from .hf_methods import parallel_hf_methods
 from .input_agreement import check_inputs_at_first_training_forward
 from .logits import check_logits_option, gather_output_logits, generating
-from .options_agree import check_options_agree
+from .options_agree import check_options_agree, options_checked
+from .miniature import prove_on_miniature
 from . import proof
 from ...checkpoint.layout import model_layout
 from .vocabulary import tie, vocabulary_parallel
@@ -59,8 +60,9 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
             ParallelizeProofError names where they differ first on every
             rank. ``False`` skips it: a model whose forward reads its weights
             in a way the layouts do not expect is then split silently wrong.
-            Models on the meta device (from_pretrained, from_config) are not
-            proven here.
+            A model on the meta device (from_pretrained, from_config) is
+            proven on a miniature of its class instead (miniature.py), before
+            it is split.
         probe: the probe batch, ``(args, kwargs)`` or a kwargs dict, for a
             model whose inputs parallelize cannot tell (token ids for a
             model with a config and ``input_ids``, images for timm and
@@ -96,6 +98,9 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
     size, rank = state.get_group_size(group), state.get_group_rank(group)
     placements = resolve(model, plan, size, sequence_parallel)
     blocks = _sequence_parallel_blocks(model, placements) if sequence_parallel else []
+    if verify is True and probe is None and any(p.is_meta for p in model.parameters()):
+        with options_checked(group):  # the miniature's parallelize: these options, checked above
+            prove_on_miniature(model, placements, plan, group, sequence_parallel, logits, parallelize)
     proving = _probe_before_split(model, placements, verify, probe, sequence_parallel, group)
     whole_bytes = parameter_bytes(model)
     modules = dict(model.named_modules())
@@ -216,7 +221,8 @@ def _prove_after_split(model, placements, proving, group, sequence_parallel) -> 
     failures = proof.compare(whole, parallel, bound)
     error = proof.agree_on_error(max((e for _, _, e in failures), default=0.0), group)
     if error > bound:
-        raise proof.ParallelizeProofError(proof.explain(failures, placements, dtype, bound, sequence_parallel))
+        raise proof.ParallelizeProofError(proof.explain(failures, placements, dtype, bound, sequence_parallel),
+                                          failures, dtype, bound)
 
 
 def _bytes_per_rank(local: int, group: str, size: int) -> List[int]:

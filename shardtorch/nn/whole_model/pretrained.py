@@ -32,7 +32,7 @@ from .options_agree import check_options_agree, options_checked
 
 def from_pretrained(model, path=None, *, dtype="auto", plan="auto", group: str = state.TENSOR_PARALLEL,
                     sequence_parallel: bool = False, verbose: bool = False, logits: str = "whole", device="cpu",
-                    mmap: bool = True, config=None, **config_overrides) -> nn.Module:
+                    mmap: bool = True, config=None, verify: bool = True, **config_overrides) -> nn.Module:
     """A parallelized model whose parameters each rank reads from a Hugging
     Face checkpoint folder, only its own slices: no rank ever holds the whole
     model (peak memory: its shards plus one bounded read block).
@@ -48,6 +48,8 @@ def from_pretrained(model, path=None, *, dtype="auto", plan="auto", group: str =
         dtype: as transformers takes it: "auto" (the config's dtype, else the
             checkpoint's), a torch.dtype or its name.
         plan, group, sequence_parallel, verbose, logits: as ``ts.nn.parallelize``.
+        verify: prove the split before anything is read, on a miniature of
+            the model's class (docs/pretrained.md: the proof); False skips it.
         device: where the shards are allocated and read to.
         mmap: on the CPU, a parameter whose slice is one run of the file in
             its own dtype (a whole tensor, rows of a matrix) maps the file
@@ -79,7 +81,8 @@ def from_pretrained(model, path=None, *, dtype="auto", plan="auto", group: str =
         path = model
     folder = os.fspath(path)
     check_options_agree(who, group, {"dtype": dtype, "plan": plan, "sequence_parallel": sequence_parallel,
-                                     "verbose": verbose, "logits": logits, "config_overrides": config_overrides})
+                                     "verbose": verbose, "logits": logits, "verify": verify,
+                                     "config_overrides": config_overrides})
 
     def prepare():
         entries = checkpoint_entries(folder)
@@ -105,7 +108,7 @@ def from_pretrained(model, path=None, *, dtype="auto", plan="auto", group: str =
     # makes a collective.
     with options_checked(group):
         parallelize(built, plan=plan, group=group, sequence_parallel=sequence_parallel, verbose=verbose,
-                    logits=logits)
+                    logits=logits, verify=verify)
     reads = _read_plan(built, keys, entries)
     mapped = {}
 
@@ -141,7 +144,7 @@ def from_pretrained(model, path=None, *, dtype="auto", plan="auto", group: str =
 
 def from_config(model, config=None, *, dtype=None, plan="auto", group: str = state.TENSOR_PARALLEL,
                 sequence_parallel: bool = False, verbose: bool = False, logits: str = "whole",
-                device="cpu") -> nn.Module:
+                device="cpu", verify: bool = True) -> nn.Module:
     """A fresh parallelized model, each rank holding exactly the slices that
     the unsharded model's own initialisation draws under the same
     ``torch.manual_seed`` (bitwise), without ever holding a whole tensor.
@@ -150,7 +153,7 @@ def from_config(model, config=None, *, dtype=None, plan="auto", group: str = sta
     the model (``lambda: timm.create_model(...)``, a class taking ``config``).
     ``dtype``: the default dtype to build in (None: torch's); ``plan``,
     ``group``, ``sequence_parallel``, ``verbose``, ``logits``: as
-    ``ts.nn.parallelize``. Every random
+    ``ts.nn.parallelize``; ``verify``: as ``from_pretrained``. Every random
     number the unsharded model's construction draws is drawn here too, in the
     same order, so the generator ends where the unsharded model's leaves it.
     What cannot be drawn slice by slice (a sharded parameter drawn in part,
@@ -158,7 +161,7 @@ def from_config(model, config=None, *, dtype=None, plan="auto", group: str = sta
     Collective over the world (errors are agreed before anything is drawn)."""
     who = "from_config"
     check_options_agree(who, group, {"dtype": dtype, "plan": plan, "sequence_parallel": sequence_parallel,
-                                     "verbose": verbose, "logits": logits})
+                                     "verbose": verbose, "logits": logits, "verify": verify})
     source = source_from_config(model, config, who)
     resolved = resolve_dtype(dtype, source.config, [], who)
 
@@ -170,7 +173,7 @@ def from_config(model, config=None, *, dtype=None, plan="auto", group: str = sta
     built, record, originals = _agreed(prepare, who)
     with options_checked(group):
         parallelize(built, plan=plan, group=group, sequence_parallel=sequence_parallel, verbose=verbose,
-                    logits=logits)
+                    logits=logits, verify=verify)
     meta = materialize(built, "cpu")
     replay(record, targets_of(built, originals, meta), live=False, who=who)
     return built.to(device)

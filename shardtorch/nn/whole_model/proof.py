@@ -39,7 +39,13 @@ _BATCH, _SEQUENCE = 2, 8
 
 
 class ParallelizeProofError(RuntimeError):
-    """The parallel model did not give the whole model's numbers on the probe batch."""
+    """The parallel model did not give the whole model's numbers on the probe batch. ``failures``:
+    compare()'s list, so that a proof run on a miniature (miniature.py) can be explained in terms of the
+    model it stands for."""
+
+    def __init__(self, message: str, failures=(), dtype: Optional[torch.dtype] = None, bound: float = 0.0):
+        super().__init__(message)
+        self.failures, self.dtype, self.bound = list(failures), dtype, bound
 
 
 def bound_for(model: nn.Module) -> Tuple[torch.dtype, float]:
@@ -472,8 +478,9 @@ def _tried(placement) -> str:
 
 
 def explain(failures: List[Tuple[str, str, float]], placements, dtype: torch.dtype, bound: float,
-            sequence_parallel: bool) -> str:
-    """The error message: where the numbers differ first, what was tried, what to pass instead."""
+            sequence_parallel: bool, split: bool = True) -> str:
+    """The error message: where the numbers differ first, what was tried, what to pass instead (``split``:
+    whether ``placements``' model was split already, or only its miniature was)."""
     kind, where, error = failures[0]
     replicate: List[str] = []
     if kind == "module":
@@ -502,8 +509,10 @@ def explain(failures: List[Tuple[str, str, float]], placements, dtype: torch.dty
         if sequence_parallel:
             what += " (under sequence_parallel=True: parameters whose partial gradients are not summed?)"
         replicate = owners
-    fix = ("build the model again and pass plan= with " + ", ".join(f"{n!r}: 'replicate'" for n in replicate)
+    again = "build the model again and " if split else ""
+    fix = (again + "pass plan= with " + ", ".join(f"{n!r}: 'replicate'" for n in replicate)
            + " (ts.nn.auto_plan(model) gives the plan to edit)") if replicate else "build the model again"
+    state_now = "The model is now partly split and cannot be used: " if split else "Nothing is split: "
     return (f"parallelize: the split is not exact: {what}; the bound for {str(dtype).replace('torch.', '')} is "
-            f"{bound:g}. The model is now partly split and cannot be used: {fix}, or pass verify=False to skip "
-            f"this proof (at the risk of a silently wrong model).")
+            f"{bound:g}. {state_now}{fix}, or pass verify=False to skip this proof (at the risk of a silently "
+            f"wrong model).")
