@@ -225,3 +225,36 @@ def case_the_zoo_never_whole_proves_without_false_alarm():
         ts.nn.parallelize(bare)
     assert any("no Hugging Face config" in str(w.message) and "not proven" in str(w.message) for w in caught), \
         [str(w.message) for w in caught]
+
+
+def case_a_plan_the_model_declares_splits_its_own_code_exactly():
+    """A model of its own code (tests/distributed/custom_code_models.py: no layout knows its modules)
+    is split by the tensor-parallel plan it declares (transformers' base_model_tp_plan), proven, and
+    gives the unsharded model's loss, logits and gradients within 1e-10; from_config proves it on a
+    miniature. Its variant that reshapes by an attribute's head count is refused on every rank."""
+    from tests.distributed.custom_code_models import custom_code_classes
+    config_class, model_class = custom_code_classes()
+    reference = _built(lambda: model_class(config_class()))
+    model = ts.nn.parallelize(_built(lambda: model_class(config_class())))
+    attention = model.body.blocks[0].attn
+    size, rank = ts.distributed.get_world_size(), ts.distributed.get_rank()
+    heads = 4 // size + (rank < 4 % size)  # whole heads of 12 features (the attention's head_dim)
+    assert attention.wq.weight.shape[0] == 12 * heads, "the declared plan did not split wq by heads"
+    assert model.body.blocks[1].ffn.w_out.weight.shape[1] < 80, "the declared plan did not split w_out"
+    ids = torch.randint(3, 96, (2, models.SEQ), generator=torch.Generator().manual_seed(5))
+    for m in (model, reference):
+        m(input_ids=ids, labels=ids).loss.backward()
+    assert_close(model(input_ids=ids).logits.detach(), reference(input_ids=ids).logits.detach(), F64, "logits")
+    from tests.distributed.cases_parallelize import collected_grads
+    grads = collected_grads(model)
+    for name, p in reference.named_parameters():
+        assert_close(grads[name], p.grad, F64, f"gradient of {name}")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ts.nn.from_config(model_class, config_class(), dtype=F64)
+    assert not [w for w in caught if "not proven" in str(w.message)], [str(w.message) for w in caught]
+    expect_error(lambda: ts.nn.parallelize(_built(lambda: model_class(config_class(heads_from_attribute=True)))),
+                 "the split model raises on the probe batch", "'body.blocks.0.attn.wq': 'replicate'",
+                 exception=ParallelizeProofError)
+    expect_error(lambda: ts.nn.from_config(model_class, config_class(heads_from_attribute=True), dtype=F64),
+                 "proven on a miniature", "the split model raises", exception=ParallelizeProofError)

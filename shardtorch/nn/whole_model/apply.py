@@ -122,9 +122,9 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
             placed.append((name, f"{style} ({fit.variant})", notes))
             continue
         if style == "column":
-            new = ColumnProjection(module, group, size, rank, SharedInputCopy(group, 1))
+            new = ColumnProjection(module, group, size, rank, SharedInputCopy(group, 1), unit=placement.unit)
         elif style == "row":
-            new = RowProjection(module, group, size, rank)
+            new = RowProjection(module, group, size, rank, unit=placement.unit)
         else:
             new = vocabulary_parallel(module, group)
             for pname, spec in registered_shards(new).items():
@@ -145,8 +145,10 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
     register_ddp_parameters_to_ignore(model)
     parallel_hf_methods(model, group)
     head = _parallel_head(model)
-    loss = install_loss(model, head, group) if head is not None else None
     vocabulary_head = head or _vocabulary_head(model, placements)
+    # Also for a head Hugging Face's get_output_embeddings does not name: labels must not reach a forward that
+    # would read the shards as whole logits.
+    loss = install_loss(model, vocabulary_head, group) if vocabulary_head is not None else None
     if vocabulary_head is not None:  # "sharded": whole only inside generate
         gather_output_logits(model, vocabulary_head.weight.shape[0], vocabulary_head.out_features, group, logits)
     if proving is not None:
@@ -187,13 +189,18 @@ def _probe_before_split(model, placements, verify, probe, sequence_parallel, gro
                             f"{type(probe).__name__}")
     if inputs is not None:
         watched = {} if sequence_parallel else {p.name: p.module for p in placements if _whole_output(p)}
-        try:
-            record = proof.run_probe(model, inputs, watched, proof.whole_sketch)
-        except Exception as error:  # noqa: BLE001 - a guessed batch the model does not take
-            if probe is not None:
-                raise
-            _warn_not_proven(f"the whole {type(model).__name__} does not run on the probe batch parallelize "
-                             f"guessed ({type(error).__name__}: {error})")
+        # A guessed batch is tried with labels first (the loss the model's own forward computes is proven too).
+        tries = [inputs] if probe is not None else [t for t in (proof.with_labels(model, inputs), inputs) if t]
+        for n, candidate in enumerate(tries):
+            try:
+                record, inputs = proof.run_probe(model, candidate, watched, proof.whole_sketch), candidate
+                break
+            except Exception as error:  # noqa: BLE001 - a guessed batch the model does not take
+                if probe is not None:
+                    raise
+                if n == len(tries) - 1:
+                    _warn_not_proven(f"the whole {type(model).__name__} does not run on the probe batch parallelize "
+                                     f"guessed ({type(error).__name__}: {error})")
     proof.agree_before_split(record, group)
     return None if record is None else (inputs, record)
 
@@ -215,8 +222,14 @@ def _prove_after_split(model, placements, proving, group, sequence_parallel) -> 
     modules = dict(model.named_modules())
     watched = {name: modules[name] for name in whole.module_order if name in modules}
     layouts = model_layout(model)
-    with generating(model):  # whole logits in either logits mode
-        parallel = proof.run_probe(model, inputs, watched, proof.parallel_sketch(layouts, group))
+    try:
+        with generating(model):  # whole logits in either logits mode
+            parallel = proof.run_probe(model, inputs, watched, proof.parallel_sketch(layouts, group))
+    except Exception as error:  # noqa: BLE001 - the whole model ran this batch: the split is at fault
+        dtype, bound = proof.bound_for(model)
+        failures = proof.raised(error)
+        raise proof.ParallelizeProofError(proof.explain(failures, placements, dtype, bound, sequence_parallel),
+                                          failures, dtype, bound) from error
     dtype, bound = proof.bound_for(model)
     failures = proof.compare(whole, parallel, bound)
     error = proof.agree_on_error(max((e for _, _, e in failures), default=0.0), group)

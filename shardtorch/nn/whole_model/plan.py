@@ -8,6 +8,7 @@ from typing import Dict, List, Optional, Union
 
 from torch import nn
 
+from .declared_plan import declared_styles
 from .layers import is_projection, projection_sizes
 from .layouts import KINDS, find_layout
 from .layouts.base import Fit, Layout
@@ -25,6 +26,8 @@ class Placement:
     module: nn.Module
     layout: Optional[Layout] = None
     fit: Optional[Fit] = None
+    unit: int = 1  # "column" / "row": features split in groups of this many (a head's, for a declared plan)
+    declared: bool = False  # read from the plan the model declares: left whole where it cannot split
 
 
 def _discover(model: nn.Module) -> List[Placement]:
@@ -37,13 +40,18 @@ def _discover(model: nn.Module) -> List[Placement]:
     for name in vocabulary + tied_vocabulary_holders(model, vocabulary):
         if all(p.name != name for p in placements):
             placements.append(Placement(name, "vocab", model.get_submodule(name)))
+    # Where no known layout applies, the plan the model declares (declared_plan.py).
+    for name, (style, unit) in declared_styles(model, [p.name for p in placements]).items():
+        placements.append(Placement(name, style, model.get_submodule(name), unit=unit, declared=True))
     return placements
 
 
 def auto_plan(model: nn.Module) -> Dict[str, str]:
     """The plan ``parallelize(model)`` applies: every attention, MLP and
     experts bank of a known layout, and the token embedding and LM head by
-    vocabulary (with every module tied to them). What it does not name stays
+    vocabulary (with every module tied to them); where no known layout
+    applies, the "colwise" / "rowwise" projections of the tensor-parallel plan
+    a transformers model declares (declared_plan.py). What it does not name stays
     whole (``unplaced`` lists what that leaves)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"auto_plan: model must be a torch.nn.Module, got {type(model).__name__}")
@@ -66,6 +74,7 @@ def resolve(model: nn.Module, plan: Union[str, Dict[str, str]], size: int,
                         f"{type(plan).__name__}")
     problems = [p for p in placements if isinstance(p, str)]
     placements = [p for p in placements if not isinstance(p, str)]
+    placements = [p for p in placements if not (p.declared and _refusal(p, size, sequence_parallel))]
     for placement in placements:
         reason = _refusal(placement, size, sequence_parallel)
         if reason is not None:
@@ -121,8 +130,9 @@ def _refusal(placement: Placement, size: int, sequence_parallel: bool) -> Option
         if not is_projection(module):
             return "'column' and 'row' apply to torch.nn.Linear or Conv1D"
         in_features, out_features = projection_sizes(module)
-        count = out_features if style == "column" else in_features
-        return None if count >= size else f"{count} features cannot be split over {size} ranks"
+        count = (out_features if style == "column" else in_features) // placement.unit
+        what = "features" if placement.unit == 1 else f"heads of {placement.unit} features"
+        return None if count >= size else f"{count} {what} cannot be split over {size} ranks"
     if style == "vocab":
         return vocabulary_refusal(module, size)
     return None

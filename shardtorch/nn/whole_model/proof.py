@@ -136,6 +136,16 @@ def probe_inputs(model: nn.Module) -> Optional[Tuple[tuple, dict]]:
     return None
 
 
+def with_labels(model: nn.Module, inputs: Tuple[tuple, dict]) -> Optional[Tuple[tuple, dict]]:
+    """The token-id probe with ``labels`` (the ids themselves) for a model whose forward takes them, so
+    that the loss its own forward computes from the logits is proven too; None otherwise."""
+    args, kwargs = inputs
+    ids = kwargs.get("decoder_input_ids", kwargs.get("input_ids"))
+    if ids is None or "labels" in kwargs or "labels" not in inspect.signature(model.forward).parameters:
+        return None
+    return args, dict(kwargs, labels=ids)
+
+
 def _float_dtype(model: nn.Module) -> torch.dtype:
     for p in model.parameters():
         if p.is_floating_point():
@@ -477,11 +487,30 @@ def _tried(placement) -> str:
     return f"{placement.style} ({variant})" if variant else placement.style
 
 
+def raised(error: Exception) -> List[Tuple[str, str, float]]:
+    """compare()'s list for a parallel model that raised on the probe batch the whole model ran."""
+    return [("raised", f"{type(error).__name__}: {error}", float("inf"))]
+
+
+def _explain_raised(what: str, placements, split: bool) -> str:
+    projections = [p.name for p in placements if p.style in ("column", "row")]
+    replicate = projections or [p.name for p in placements if p.style != "vocab"]
+    state_now = ("The model is now partly split and cannot be used: build the model again and pass"
+                 if split else "Nothing is split: pass")
+    return (f"parallelize: the split model raises on the probe batch that the whole model runs ({what}): its "
+            f"forward does not compute from the shards it is given (a head count read from an attribute, say). "
+            f"{state_now} plan= with " + ", ".join(f"{n!r}: 'replicate'" for n in replicate[:8])
+            + (" ..." if len(replicate) > 8 else "") + " (ts.nn.auto_plan(model) gives the plan to edit), or "
+            f"verify=False to skip this proof.")
+
+
 def explain(failures: List[Tuple[str, str, float]], placements, dtype: torch.dtype, bound: float,
             sequence_parallel: bool, split: bool = True) -> str:
     """The error message: where the numbers differ first, what was tried, what to pass instead (``split``:
     whether ``placements``' model was split already, or only its miniature was)."""
     kind, where, error = failures[0]
+    if kind == "raised":
+        return _explain_raised(where, placements, split)
     replicate: List[str] = []
     if kind == "module":
         placement = _owner(where, placements)
