@@ -7,8 +7,12 @@ Every rank calls it. Global rank 0 writes safetensors files of at most
 file's header is written first, from the full shapes alone, then each tensor is
 gathered to rank 0 (its shards from the ranks of rank 0's tensor-parallel
 group) and appended, so that rank 0 holds at most one whole tensor beyond its
-shards and no other rank more than its own. Tied tensors are written once,
-under the name transformers keeps. The result loads with plain transformers
+shards (two while transformers' conversion copies one) and no other rank more
+than its own. Tied tensors are written once, under the name transformers keeps,
+and every tensor under the names, shapes and dtypes that transformers' own save
+of the unsharded model writes (its conversion mapping reverted, tensor by
+tensor: Mixtral's fused experts as the checkpoint's per-expert ``w1`` / ``w2``
+/ ``w3``; original_format.py). The result loads with plain transformers
 (``from_pretrained`` of the unsharded class) and with
 ``ts.nn.from_pretrained`` at any group size.
 """
@@ -25,6 +29,7 @@ from torch import nn
 from ..distributed import state
 from .dtensor_entries import whole_shard
 from .layout import model_layout
+from .original_format import saved_entries, saved_tensors, unsharded_class
 from .pretrained_files import INDEX_FILE, SINGLE_FILE
 from .safetensors_format import build_header
 from .transfers import gather_to
@@ -103,7 +108,8 @@ def save_pretrained(model: nn.Module, save_directory, max_shard_size="50GB", sta
     names = _kept_names(model, [key for key, value in local.items() if torch.is_tensor(value)])
     writer = state.get_rank() == 0
     problem = None
-    plan = _plan_files([(name, layout[name].dtype, tuple(layout[name].full_shape)) for name in names], max_bytes)
+    saved = saved_entries(model, [(name, layout[name].dtype, tuple(layout[name].full_shape)) for name in names])
+    plan = _plan_files([entry for name in names for entry in saved[name]], max_bytes)
     handles = []
     if writer:
         try:
@@ -117,9 +123,10 @@ def save_pretrained(model: nn.Module, save_directory, max_shard_size="50GB", sta
         full = gather_to(tensor, entry, 0) if entry.sharded else (tensor if writer else None)
         if writer and problem is None:
             try:
-                index, offset = position[name]
-                _write_tensor(handles[index][0], offset, full)
-            except OSError as error:
+                for key, piece in saved_tensors(model, name, full, saved[name]).items():
+                    index, offset = position[key]
+                    _write_tensor(handles[index][0], offset, piece)
+            except (OSError, RuntimeError, ValueError) as error:  # a conversion that fails: every rank raises below
                 problem = f"cannot write {name!r} into {folder!r}: {error}"
         del full
     for handle, _ in handles:
@@ -172,17 +179,9 @@ def _save_configs(model: nn.Module, folder: str) -> None:
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
     if dtype is not None:
         config.dtype = str(dtype).split(".")[1]
-    config.architectures = [_unsharded_class(model).__name__]
+    config.architectures = [unsharded_class(model).__name__]
     config.save_pretrained(folder)
     generation = getattr(model, "generation_config", None)
     can_generate = getattr(model, "can_generate", None)
     if generation is not None and callable(can_generate) and can_generate():
         generation.save_pretrained(folder)
-
-
-def _unsharded_class(model: nn.Module) -> type:
-    """The model's own class, under shardtorch's and FSDP2's subclasses."""
-    cls = type(model)
-    while getattr(cls, "_shardtorch_parallel_of", None) is not None or cls.__name__.startswith("FSDP"):
-        cls = getattr(cls, "_shardtorch_parallel_of", None) or cls.__mro__[1]
-    return cls

@@ -275,6 +275,53 @@ def case_save_pretrained_writes_the_unsharded_checkpoint():
         _rank0(check)
 
 
+
+def _original_format_models():
+    """Models whose transformers 5 save reverts its conversion mapping: Mixtral's and Qwen2-MoE's fused
+    experts are written per expert (w1/w2/w3, gate/up/down_proj), GPT-NeoX's lm_head as embed_out."""
+    from tests.distributed.zoo_models import ZOO, _decoder, _hf
+    qwen2_moe = _hf("Qwen2MoeForCausalLM", "Qwen2MoeConfig", **_decoder(
+        num_attention_heads=4, num_key_value_heads=2, moe_intermediate_size=40, shared_expert_intermediate_size=80,
+        num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1, experts_implementation="eager"))
+    return {"mixtral": (ZOO["mixtral"][0], "model.layers.1.block_sparse_moe.experts.3.w3.weight"),
+            "qwen2_moe": (qwen2_moe, "model.layers.1.mlp.experts.3.up_proj.weight"),
+            "gpt_neox": (ZOO["gpt_neox"][0], "embed_out.weight")}
+
+
+def case_save_pretrained_writes_what_transformers_saves():
+    """The parallelized model's save_pretrained writes the keys, dtypes and values (shapes included) of
+    transformers' own save_pretrained of the unsharded model, which reverts its conversion mapping (the
+    checkpoint's per-expert names); transformers and ts.nn.from_pretrained load it back bitwise, with the
+    unsharded model's logits."""
+    import copy
+    from safetensors.torch import load_file
+    for name, (build, original_key) in _original_format_models().items():
+        torch.manual_seed(0)
+        reference = build().to(F64).eval()
+        _rank0(lambda: reference.save_pretrained(_dir("original", name, "transformers")))
+        ts.nn.parallelize(copy.deepcopy(reference)).save_pretrained(_dir("original", name, "ours"),
+                                                                    max_shard_size="40KB")
+        expected = load_file(_dir("original", name, "transformers", "model.safetensors"))
+        with open(_dir("original", name, "ours", "model.safetensors.index.json")) as f:
+            files = set(json.load(f)["weight_map"].values())
+        ours = {k: v for file in files for k, v in load_file(_dir("original", name, "ours", file)).items()}
+        assert original_key in expected, f"{name}: transformers no longer saves {original_key!r}"
+        assert set(ours) == set(expected), f"{name}: keys {sorted(set(ours) ^ set(expected))[:6]}"
+        for key, value in expected.items():
+            assert ours[key].dtype == value.dtype and torch.equal(ours[key], value), f"{name}: {key} differs"
+        back = type(reference).from_pretrained(_dir("original", name, "ours"))
+        for key, value in reference.state_dict().items():
+            assert torch.equal(back.state_dict()[key], value), f"{name}: {key} after transformers' from_pretrained"
+        # Float64 experts need the eager loop (torch's grouped_mm takes no float64), which config.json omits.
+        eager = {"experts_implementation": "eager"} if "experts" in original_key else {}
+        loaded = ts.nn.from_pretrained(_dir("original", name, "ours"), **eager)
+        _assert_state_equal(loaded, reference.state_dict(), f"{name} loaded")
+        # The unsharded reference is transformers' load of its own save: built in float64, as ours is (the
+        # float32-built model's rotary tables, moved to float64, are another model's to 1e-8).
+        whole = type(reference).from_pretrained(_dir("original", name, "transformers"), **eager)
+        with torch.no_grad():
+            _assert_within(_outputs(loaded, name)[0], _outputs(whole, name)[0], 1e-12, f"{name} logits")
+
 def _dcp_step(model, optimizer, seed):
     ids = _ids(seed)
     model(input_ids=ids, labels=ids).loss.backward()

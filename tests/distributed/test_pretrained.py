@@ -17,6 +17,7 @@ PHASES = {
         "case_sequence_parallel_loaded_model_gradients_match_unsharded",
         "case_fresh_init_refuses_what_it_cannot_draw_by_slices", "case_fresh_init_that_reads_values_is_refused_and_loads_anyway", "case_missing_weights_are_initialised_alike_and_named",
         "case_bad_checkpoints_raise_on_every_rank_before_reading", "case_save_pretrained_writes_the_unsharded_checkpoint",
+        "case_save_pretrained_writes_what_transformers_saves",
         "case_dcp_save_with_torch_get_state_dict"]),
     "load4": (4, 4, LATER + ["case_a_model_larger_than_the_memory_limit_loads_and_trains"]),
     "load3": (3, 3, LATER + ANY_SIZE + ["case_every_zoo_architecture_loads_and_draws_exactly",
