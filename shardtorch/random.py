@@ -39,6 +39,12 @@ MODEL_PARALLEL_SEED_OFFSET = 2718
 States = Dict[str, List[torch.Tensor]]
 
 
+def default_state_digest() -> int:
+    """A digest of every default generator's state: equal where a checkpointed region's recompute
+    restored the state its forward saw (torch.utils.checkpoint's preserve_rng_state)."""
+    return hash(tuple(bytes(g.get_state().numpy()) for g in _generators()))
+
+
 def _generators() -> List[torch.Generator]:
     """The default generators a fork swaps: the CPU one, then one per CUDA
     device (CUDA is initialised so that every device's generator exists)."""
@@ -89,6 +95,14 @@ class RNGStatesTracker:
             for generator, state in zip(generators, saved):
                 generator.set_state(state)
         self._seeds[name] = seed
+
+    def stream_state(self, name: str) -> List[torch.Tensor]:
+        """A copy of stream ``name``'s state (one per default generator)."""
+        return [s.clone() for s in self._states[name]]
+
+    def set_stream_state(self, name: str, state: List[torch.Tensor]) -> None:
+        """Puts stream ``name`` back where ``stream_state`` found it."""
+        self._states[name] = [s.clone() for s in state]
 
     @contextlib.contextmanager
     def fork(self, name: str = MODEL_PARALLEL) -> Iterator[None]:

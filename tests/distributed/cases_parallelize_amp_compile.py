@@ -1,6 +1,7 @@
 """ts.nn.parallelize with AMP and torch.compile, on 3 ranks (GPT-2's 10 heads split 4,3,3; vocabulary 97
 split unevenly): the parallelized model under torch.autocast("cpu", bfloat16) against the unsharded model in
-float32, and the parallelized model compiled against itself eager in float64."""
+float32, the parallelized model compiled against itself eager in float64, and gradient checkpointing (exact, and
+redrawing no dropout mask in its recompute)."""
 import torch
 
 import shardtorch as ts
@@ -115,3 +116,56 @@ def _compiled_llama_matches_eager(eager, model):
     grads_e, grads_c = collected_grads(eager), collected_grads(model)
     for key in grads_e:
         assert _relative(grads_c[key], grads_e[key]) <= COMPILED_RELATIVE, f"compiled gradient of {key} differs"
+
+
+def _llama(dropout: float):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=models.VOCAB, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
+                         num_attention_heads=6, num_key_value_heads=3, max_position_embeddings=32,
+                         attention_dropout=dropout, attn_implementation="eager")
+    return LlamaForCausalLM(config).to(F64)
+
+
+def case_gradient_checkpointing_is_exact():
+    """transformers' gradient checkpointing (reentrant or not) on a parallelized model: without dropout the
+    unsharded model's gradients within 1e-10 (GPT-2, float64); with attention dropout (Llama) drawn from the
+    model-parallel stream, the recompute in backward draws the masks the forward drew, so the gradients
+    are those of the same model without checkpointing, and the stream ends where it would have."""
+    from shardtorch.random import MODEL_PARALLEL, get_rng_tracker
+    ids = torch.randint(3, models.VOCAB, (2, 8), generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(0)
+    # GPT-2 (no float32 norm inside a float64 model), the loss written out (transformers' upcasts to float32).
+    reference = models.gpt2().to(F64).train()
+    _causal_reference_loss(reference(input_ids=ids).logits, ids).backward()
+    for reentrant in (False, True):
+        torch.manual_seed(0)
+        model = ts.nn.parallelize(models.gpt2().to(F64))
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+        model.train()
+        _causal_reference_loss(model(input_ids=ids).logits, ids).backward()  # through the whole logits
+        grads = collected_grads(model)
+        for name, p in reference.named_parameters():
+            assert torch.allclose(grads[name], p.grad, rtol=1e-10, atol=1e-12), f"{name}, use_reentrant={reentrant}"
+    runs = {}
+    for checkpointing in (None, False, True):
+        model = ts.nn.parallelize(_llama(0.3))
+        if checkpointing is not None:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": checkpointing})
+        model.train()
+        ts.random.model_parallel_seed(123)
+        steps = []
+        for _ in range(2):  # the second step reads the stream where the first left it
+            model.zero_grad()
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            steps.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+        runs[checkpointing] = steps, get_rng_tracker().stream_state(MODEL_PARALLEL)
+    (plain, stream) = runs[None]
+    for checkpointing in (False, True):
+        steps, after = runs[checkpointing]
+        for (loss, grads), (loss0, grads0) in zip(steps, plain):
+            assert torch.equal(loss, loss0), f"use_reentrant={checkpointing}: loss {loss} != {loss0}"
+            for name, grad in grads0.items():
+                assert torch.equal(grads[name], grad), f"{name}: use_reentrant={checkpointing}, masks redrawn"
+        assert all(torch.equal(a, b) for a, b in zip(after, stream)), "the recompute advanced the stream"

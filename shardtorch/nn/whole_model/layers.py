@@ -7,6 +7,7 @@ They keep the replaced layer's parameter names and orientation (a Conv1D's
 weight stays [in, out]), so that the model's state-dict keys do not change and
 a collected checkpoint is the unsharded model's own.
 """
+import collections
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -367,19 +368,43 @@ def may_draw_random_numbers(module: nn.Module) -> bool:
     return False
 
 
+_ENTRIES_ATTR = "_shardtorch_stream_at_entry"
+_ENTRIES_KEPT = 8  # forwards whose recompute may still come, per module (gradient accumulation)
+
+
 def _enter_model_parallel_stream(module, args):
+    """Enters the model-parallel stream. A forward run again by activation checkpointing (in backward,
+    torch.utils.checkpoint restoring the default generators' states) must draw the masks its first run
+    drew: each forward keeps the stream's state at its entry, by the default
+    generators' state there, and a recompute that finds its own resumes from it, leaving the stream
+    where it was afterwards."""
     from ... import random as ts_random
-    if (module.training and module.__dict__.get(_DRAWS_ATTR, True)
-            and ts_random.MODEL_PARALLEL in ts_random.get_rng_tracker().names()):
-        context = ts_random.fork()
-        context.__enter__()
-        module.__dict__.setdefault(_FORK_ATTR, []).append(context)
-    else:
+    tracker = ts_random.get_rng_tracker()
+    if not (module.training and module.__dict__.get(_DRAWS_ATTR, True) and ts_random.MODEL_PARALLEL in tracker.names()):
         module.__dict__.setdefault(_FORK_ATTR, []).append(None)
+        return
+    resume = None
+    # Kept under no_grad too: reentrant checkpointing runs the first forward without gradients.
+    entries = module.__dict__.setdefault(_ENTRIES_ATTR, collections.OrderedDict())
+    key = ts_random.default_state_digest()
+    if torch._C._current_graph_task_id() != -1 and key in entries:  # a recompute inside backward
+        resume = tracker.stream_state(ts_random.MODEL_PARALLEL)
+        tracker.set_stream_state(ts_random.MODEL_PARALLEL, entries.pop(key))
+    else:
+        entries[key] = tracker.stream_state(ts_random.MODEL_PARALLEL)
+        while len(entries) > _ENTRIES_KEPT:
+            entries.popitem(last=False)
+    context = ts_random.fork()
+    context.__enter__()
+    module.__dict__.setdefault(_FORK_ATTR, []).append((context, resume))
 
 
 def _leave_model_parallel_stream(module, args, output):
+    from ... import random as ts_random
     stack = module.__dict__.get(_FORK_ATTR)
-    context = stack.pop() if stack else None
-    if context is not None:
+    entry = stack.pop() if stack else None
+    if entry is not None:
+        context, resume = entry
         context.__exit__(None, None, None)
+        if resume is not None:  # a recompute does not advance the stream
+            ts_random.get_rng_tracker().set_stream_state(ts_random.MODEL_PARALLEL, resume)
