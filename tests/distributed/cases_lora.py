@@ -5,8 +5,9 @@ c_attn Conv1D, 10 heads: 5/5 and 4/3/3). Both orders (peft then parallelize; par
 from_pretrained then peft): loss, logits, adapter gradients and the adapters after AdamW steps within
 1e-10 relative; the adapter saved by ts.nn.save_adapter loads on the unsharded model and gives the
 parallel model's logits; merge_and_unload gives the unsharded merged model; what cannot be split
-is refused on every rank."""
+is refused on every rank; docs/fine-tuning.md's LoRA block runs as written."""
 import os
+import re
 import shutil
 import tempfile
 import warnings
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 import shardtorch as ts
 from shardtorch.nn.whole_model.lora_layers import ColumnLora, RowLora
 from tests.distributed import parallelize_models as models
+from tests.launcher import REPO
 from tests.reference import expect_error
 
 peft = pytest.importorskip("peft")
@@ -244,3 +246,25 @@ def case_adapters_that_cannot_be_split_are_refused_on_every_rank():
                  "out of target_modules", exception=ValueError)
     whole = _with_lora(_base("llama"), LoraConfig(r=4, target_modules=["q_proj", "lm_head"]))
     expect_error(lambda: ts.nn.parallelize(whole), "'lm_head'", "cannot follow", "'replicate'", exception=ValueError)
+
+
+def _doc_block(section):
+    with open(os.path.join(REPO, "docs", "fine-tuning.md")) as f:
+        found = re.search(rf"^## {section}\n+```python\n(.*?)^```", f.read(), re.S | re.M)
+    assert found, f"docs/fine-tuning.md has no python block under '## {section}'"
+    return found.group(1)
+
+
+def case_the_lora_block_of_fine_tuning_md_runs_as_written():
+    """The block, run on a tiny Llama from a directory all ranks share: the adapter it saves, loaded and
+    merged on the unsharded model, gives the logits of the parallel model it merged."""
+    path, here = _shared_dir(), os.getcwd()
+    namespace = {"ts": ts, "torch": torch, "model": _base("llama"), "ids": _ids(30)}
+    os.chdir(path)
+    try:
+        exec(_doc_block("LoRA"), namespace)
+    finally:
+        os.chdir(here)
+    loaded = PeftModel.from_pretrained(_base("llama"), os.path.join(path, "adapter")).merge_and_unload()
+    _assert_exact(_logits(namespace["merged"]), _logits(loaded), "merged logits against the saved adapter merged")
+    _remove(path)

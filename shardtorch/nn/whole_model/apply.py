@@ -98,7 +98,8 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
     check_logits_option(logits)
     check_options_agree("parallelize", group, {"plan": plan, "sequence_parallel": sequence_parallel,
                                                "verbose": verbose, "logits": logits, "verify": verify})
-    given, model = model, peft_base_model(model) or model  # a PeftModel: its base model is split
+    given, base = model, peft_base_model(model)
+    model = model if base is None else base  # a PeftModel: its base model is split
     size, rank = state.get_group_size(group), state.get_group_rank(group)
     # peft's adapter layers are lifted off their projections while the plan is read and applied (the
     # layouts know projections), and put back around the whole model the proof first runs.
@@ -156,6 +157,8 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
             draw_dropout_from_model_parallel_stream(modules[name])
     tie(model, replaced)
     register_ddp_parameters_to_ignore(model)
+    if given is not model:  # DDP around the PeftModel reads the list from it
+        register_ddp_parameters_to_ignore(given)
     parallel_hf_methods(model, group)
     head = _parallel_head(model)
     vocabulary_head = head or _vocabulary_head(model, placements)

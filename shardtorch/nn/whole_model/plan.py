@@ -57,7 +57,8 @@ def auto_plan(model: nn.Module) -> Dict[str, str]:
     base model's, its LoRA layers read as the projections they wrap."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"auto_plan: model must be a torch.nn.Module, got {type(model).__name__}")
-    model = peft_base_model(model) or model  # a PeftModel: its base model's plan, as parallelize applies it
+    base = peft_base_model(model)
+    model = model if base is None else base  # a PeftModel: its base model's plan, as parallelize applies it
     lifted = lift_lora(model)
     try:
         return {p.name: p.style for p in _discover(model)}
