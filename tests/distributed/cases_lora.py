@@ -1,7 +1,7 @@
 """LoRA with peft on a parallelized model (shardtorch/nn/whole_model/lora.py), on real ranks, against
 the same peft workflow on the unsharded model in float64: a tiny Llama with grouped key/value heads
-(4 query heads over 2 key/value heads: split at 2 ranks, replicated at 3) and a tiny GPT-2 (fused
-c_attn Conv1D, 10 heads: 5/5 and 4/3/3). Both orders (peft then parallelize; parallelize or
+(4 query heads over 2 key/value heads: split at 2 ranks, replicated at 3), a tiny GPT-2 (fused
+c_attn Conv1D, 10 heads: 5/5 and 4/3/3) and a tiny Phi-3 (fused qkv_proj and gate_up_proj). Both orders (peft then parallelize; parallelize or
 from_pretrained then peft): loss, logits, adapter gradients and the adapters after AdamW steps within
 1e-10 relative; the adapter saved by ts.nn.save_adapter loads on the unsharded model and gives the
 parallel model's logits; merge_and_unload gives the unsharded merged model; what cannot be split
@@ -20,6 +20,7 @@ import torch.nn.functional as F
 import shardtorch as ts
 from shardtorch.nn.whole_model.lora_layers import ColumnLora, RowLora
 from tests.distributed import parallelize_models as models
+from tests.distributed.zoo_models import ZOO
 from tests.launcher import REPO
 from tests.reference import expect_error
 
@@ -32,6 +33,9 @@ MODELS = {
     "llama": (lambda: models.llama(kv_heads=2, heads=4),
               ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
     "gpt2": (models.gpt2, ["c_attn", "c_proj", "c_fc"]),
+    # Fused q/k/v of unequal parts and fused [gate | up]; 2 key/value heads: at 3 ranks the key/value rows
+    # lie on the first ranks and every forward sums them whole (ColumnProjection's gathered parts).
+    "phi3": (lambda: ZOO["phi3_kv2"][0](), ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]),
 }
 
 
@@ -129,7 +133,7 @@ def _assert_split(peft_model, name):
     base: lora_B by the column base's output rows, lora_A by the row base's input features (a
     replicated key/value projection keeps both whole)."""
     wrapped = [m for m in peft_model.modules() if isinstance(m, peft.tuners.lora.LoraLayer)]
-    assert len(wrapped) == {"llama": 14, "gpt2": 8}[name], [type(m).__name__ for m in wrapped]
+    assert len(wrapped) == {"llama": 14, "gpt2": 8, "phi3": 8}[name], [type(m).__name__ for m in wrapped]
     for layer in wrapped:
         assert isinstance(layer, (ColumnLora, RowLora)), f"{type(layer).__name__} left whole"
         base = layer.base_layer
@@ -237,15 +241,24 @@ def case_merge_and_unload_gives_the_unsharded_merged_model():
 
 def case_adapters_that_cannot_be_split_are_refused_on_every_rank():
     """DoRA, lora_bias, and LoRA on the vocabulary-parallel head: ValueError on every rank, naming the fix."""
-    model = ts.nn.parallelize(_base("llama"))
-    dora = LoraConfig(r=4, target_modules=["q_proj"], use_dora=True)
-    expect_error(lambda: get_peft_model(model, ts.nn.lora_config(dora)), "takes plain LoRA", "change the LoraConfig",
-                 exception=ValueError)
+    for refused in (dict(use_dora=True), dict(lora_bias=True)):
+        config = LoraConfig(r=4, target_modules=["q_proj"], **refused)
+        expect_error(lambda: get_peft_model(ts.nn.parallelize(_base("llama")), ts.nn.lora_config(config)),
+                     "takes plain LoRA", "change the LoraConfig", exception=ValueError)
     head = LoraConfig(r=4, target_modules=["lm_head"])
-    expect_error(lambda: get_peft_model(_base("llama") and model, ts.nn.lora_config(head)), "takes no LoRA adapter",
-                 "out of target_modules", exception=ValueError)
+    expect_error(lambda: get_peft_model(ts.nn.parallelize(_base("llama")), ts.nn.lora_config(head)),
+                 "takes no LoRA adapter", "out of target_modules", exception=ValueError)
     whole = _with_lora(_base("llama"), LoraConfig(r=4, target_modules=["q_proj", "lm_head"]))
     expect_error(lambda: ts.nn.parallelize(whole), "'lm_head'", "cannot follow", "'replicate'", exception=ValueError)
+
+
+def case_sequence_parallel_peft_model_trains_as_unsharded():
+    """parallelize(peft_model, sequence_parallel=True): the row projections reduce-scatter base and
+    adapter together, and training matches the unsharded peft model."""
+    reference = _nonzero_b(_with_lora(_base("llama"), _config("llama")))
+    parallel = ts.nn.parallelize(_nonzero_b(_with_lora(_base("llama"), _config("llama"))), sequence_parallel=True)
+    _assert_split(parallel, "llama")
+    _train_alike(parallel, reference, "llama, sequence parallel")
 
 
 def _doc_block(section):

@@ -275,6 +275,9 @@ def sum_partial_gradients(model: nn.Module, blocks: List[nn.Module], group: str)
     sharded = {id(p) for _, p, _ in named_parameter_shards(model)}
     summed = {id(p) for m in model.modules() if isinstance(m, ReplicatedKeyValue) or gradients_summed_by_a_hook(m)
               for p in m.parameters(recurse=False)}
+    # peft's LoRA layers around split projections (lora_layers.py) sum their whole factors' gradients themselves.
+    summed |= {id(p) for m in model.modules() if hasattr(m, "factors_summed_over_group")
+               for p in m.factors_summed_over_group()}
     seen = set()
     for block in blocks:
         names = []

@@ -66,6 +66,11 @@ class _ShardedLora(LoraLinear):
         """Replaces the adapter's whole factors by this rank's slices (once, when the adapter is made)."""
         raise NotImplementedError
 
+    def factors_summed_over_group(self):
+        """The whole factors whose gradients the forward already sums over the group (through ``copy``):
+        sequence parallelism must not sum them again."""
+        raise NotImplementedError
+
     def _adapters_in_use(self, x, *args, **kwargs):
         self._check_forward_args(x, *args, **kwargs)
         if kwargs.get("adapter_names") is not None:
@@ -97,6 +102,11 @@ class ColumnLora(_ShardedLora):
             register_shard(lora_B, "weight", 0, base.full_out_features, base.group, base.blocks, base.unit,
                            base.parts)
 
+    def factors_summed_over_group(self):
+        whole_b = isinstance(self.base_layer, ReplicatedKeyValue)  # its rows are taken by _heads, through copy
+        return [self.lora_A[n].weight for n in self.lora_A] + ([self.lora_B[n].weight for n in self.lora_B]
+                                                               if whole_b else [])
+
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         active = self._adapters_in_use(x, *args, **kwargs)
         base = self.base_layer
@@ -121,6 +131,9 @@ class RowLora(_ShardedLora):
         lora_A = self.lora_A[adapter_name]
         _slice_factor(lora_A, 1, base.pieces)
         register_shard(lora_A, "weight", 1, base.full_in_features, base.group, 1, base.unit, base.parts)
+
+    def factors_summed_over_group(self):
+        return [self.lora_B[n].weight for n in self.lora_B]
 
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         active = self._adapters_in_use(x, *args, **kwargs)
