@@ -157,8 +157,9 @@ class VocabularyLoraRefused(nn.Module):
                          f"LoRA adapter; leave the token embedding and the LM head out of target_modules")
 
 
-#: The custom module mapping a LoraConfig needs on a parallelized model: {base class: LoRA class}.
 def custom_module_mapping():
+    """The custom module mapping a LoraConfig needs on a parallelized model: {base class: LoRA class}
+    (the vocabulary-parallel layers map to a refusal: peft would otherwise call them unsupported)."""
     from ..embedding import ParallelEmbedding
     from ..linear import ParallelLinear
     return {ColumnProjection: ColumnLora, ReplicatedKeyValue: ColumnLora, RowProjection: RowLora,
