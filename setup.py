@@ -102,11 +102,13 @@ class CMakeBuild(build_ext):
 
 # Optional extras, the one list of what each needs (scripts install through them):
 #   test: the test suite's tools; hf: Hugging Face transformers and timm models for
-#   ts.nn.parallelize's tests and examples/python/train_lm.py; bench: what the
+#   ts.nn.parallelize's tests and examples/python/train_lm.py, and peft for LoRA on them
+#   (docs/fine-tuning.md; lora_layers.py builds on peft's LoRA layer); bench: what the
 #   benchmarks import beside the peer libraries of scripts/setup_peers.sh.
 EXTRAS = {
     "test": ["pytest", "hypothesis", "numpy", "tqdm", "clang-format"],
-    "hf": ["transformers>=4.56", "timm>=1.0", "tokenizers", "accelerate", "safetensors"],
+    "hf": ["transformers>=4.56", "timm>=1.0", "tokenizers", "accelerate", "safetensors",
+           "peft>=0.21.2"],
     "bench": ["matplotlib", "numpy"],
 }
 

@@ -21,6 +21,7 @@ from .report import parameter_bytes, print_report
 from .hf_methods import parallel_hf_methods
 from .input_agreement import check_inputs_at_first_training_forward
 from .logits import check_logits_option, gather_output_logits, generating
+from .lora import follow_split, lift_lora, peft_base_model, put_back, refuse_adapters_that_cannot_follow
 from .options_agree import check_options_agree, options_checked
 from .miniature import prove_on_miniature
 from . import proof
@@ -73,7 +74,9 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
             its own loss is still computed from the shards) or "sharded" (the
             vocabulary shards, marked, for the parallel losses: no gather).
 
-    The model's own forward runs unchanged: each attention's head-count
+    A peft ``PeftModel`` is split through its base model (the plan names the
+    base model's modules), its LoRA adapters split to match their projections
+    (lora.py). The model's own forward runs unchanged: each attention's head-count
     attributes are set to its local heads. A bad plan, or options that differ between the
     ranks of the group (``plan``, ``sequence_parallel``, ``verbose``,
     ``logits``, ``verify``: checked by one small all-gather, each rank's value named),
@@ -95,8 +98,17 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
     check_logits_option(logits)
     check_options_agree("parallelize", group, {"plan": plan, "sequence_parallel": sequence_parallel,
                                                "verbose": verbose, "logits": logits, "verify": verify})
+    given, base = model, peft_base_model(model)
+    model = model if base is None else base  # a PeftModel: its base model is split
     size, rank = state.get_group_size(group), state.get_group_rank(group)
-    placements = resolve(model, plan, size, sequence_parallel)
+    # peft's adapter layers are lifted off their projections while the plan is read and applied (the
+    # layouts know projections), and put back around the whole model the proof first runs.
+    lifted = lift_lora(model)
+    try:
+        placements = resolve(model, plan, size, sequence_parallel)
+        refuse_adapters_that_cannot_follow(lifted, placements)
+    finally:
+        put_back(lifted)
     blocks = _sequence_parallel_blocks(model, placements) if sequence_parallel else []
     if verify is True and probe is None and any(p.is_meta for p in model.parameters()):
         with options_checked(group):  # the miniature's parallelize: these options, checked above
@@ -106,6 +118,7 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
     modules = dict(model.named_modules())
     placed: List[Tuple[str, str, str]] = []
     replaced: Dict[int, tuple] = {}
+    lifted = lift_lora(model)
     for placement in placements:
         name, style, module = placement.name, placement.style, placement.module
         if style == "replicate":
@@ -134,6 +147,7 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
                 replaced.setdefault(id(old), (old, new._parameters[pname], spec))
         _set_submodule(model, name, new)
         placed.append((name, style, ""))
+    follow_split(lifted)
     if blocks:
         scatter_sequence_before(modules[blocks[0]], group)
         gather_sequence_after(modules[blocks[-1]], group)
@@ -143,6 +157,8 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
             draw_dropout_from_model_parallel_stream(modules[name])
     tie(model, replaced)
     register_ddp_parameters_to_ignore(model)
+    if given is not model:  # DDP around the PeftModel reads the list from it
+        register_ddp_parameters_to_ignore(given)
     parallel_hf_methods(model, group)
     head = _parallel_head(model)
     vocabulary_head = head or _vocabulary_head(model, placements)
@@ -164,7 +180,7 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
         if rank == 0:
             print_report(model, placed, [describe(entry) for entry in whole], whole_bytes, loss, group, size,
                          rank_bytes)
-    return model
+    return given
 
 
 def _probe_before_split(model, placements, verify, probe, sequence_parallel, group):
@@ -259,6 +275,9 @@ def sum_partial_gradients(model: nn.Module, blocks: List[nn.Module], group: str)
     sharded = {id(p) for _, p, _ in named_parameter_shards(model)}
     summed = {id(p) for m in model.modules() if isinstance(m, ReplicatedKeyValue) or gradients_summed_by_a_hook(m)
               for p in m.parameters(recurse=False)}
+    # peft's LoRA layers around split projections (lora_layers.py) sum their whole factors' gradients themselves.
+    summed |= {id(p) for m in model.modules() if hasattr(m, "factors_summed_over_group")
+               for p in m.factors_summed_over_group()}
     seen = set()
     for block in blocks:
         names = []

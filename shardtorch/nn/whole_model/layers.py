@@ -192,13 +192,25 @@ class ColumnProjection(nn.Module):
         self.train(source.training)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return self.project(self.read_input(input))
+
+    def read_input(self, input: torch.Tensor) -> torch.Tensor:
+        """The input as the projection reads it (through the block's shared ``copy``)."""
+        return self._shared(input)
+
+    def project(self, input: torch.Tensor) -> torch.Tensor:
+        """The output from an input already read by ``read_input``."""
+        out_dim = 1 if self.transposed else 0
+        weight = self.output_rows(self.weight, out_dim)
+        bias = None if self.bias is None else self.output_rows(self.bias, 0)
+        return _apply(input, weight, bias, self.transposed)
+
+    def output_rows(self, held: torch.Tensor, dim: int) -> torch.Tensor:
+        """This rank's rows of a tensor split as the output features (the weight, the bias, a LoRA B) in
+        the order of the output: as held, or with the parts needed whole summed over the group."""
         if len(self._segments) == 1 and self._segments[0][0] == "held":
-            weight, bias = self.weight, self.bias
-        else:
-            out_dim = 1 if self.transposed else 0
-            weight = self._assemble(self.weight, out_dim)
-            bias = None if self.bias is None else self._assemble(self.bias, 0)
-        return _apply(self._shared(input), weight, bias, self.transposed)
+            return held
+        return self._assemble(held, dim)
 
     def _assemble(self, held: torch.Tensor, dim: int) -> torch.Tensor:
         rows = []
@@ -279,10 +291,17 @@ class RowProjection(nn.Module):
         self.train(source.training)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return self.finish(self.partial(input))
+
+    def partial(self, input: torch.Tensor) -> torch.Tensor:
+        """This rank's share of the output: its input features' product, not yet summed over the group."""
         if input.shape[-1] != self.in_features:
             raise ValueError(f"{type(self).__name__}: input must be this rank's shard of {self.full_in_features} "
                              f"features ({self.in_features} here), got last dim {input.shape[-1]}")
-        partial = _apply(input, self.weight, None, self.transposed)
+        return _apply(input, self.weight, None, self.transposed)
+
+    def finish(self, partial: torch.Tensor) -> torch.Tensor:
+        """The output from the ranks' shares: one all-reduce (or reduce-scatter), then the bias once."""
         if self.sequence_dim is None:
             output = mappings.reduce(partial, self.group)
         else:
@@ -322,8 +341,19 @@ class ReplicatedKeyValue(nn.Module):
         return torch.cat([whole.narrow(0, h * self.head_dim, self.head_dim) for h in self.kv_heads], 0)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return self.project(self.read_input(input))
+
+    def read_input(self, input: torch.Tensor) -> torch.Tensor:
+        return self._shared(input)
+
+    def project(self, input: torch.Tensor) -> torch.Tensor:
         bias = None if self.bias is None else self._heads(self.bias)
-        return F.linear(self._shared(input), self._heads(self.weight), bias)
+        return F.linear(input, self._heads(self.weight), bias)
+
+    def output_rows(self, whole: torch.Tensor, dim: int = 0) -> torch.Tensor:
+        """The rows of this rank's key/value heads (each as often as a local query head reads it) of a
+        whole tensor laid out as the output features, its gradient summed over the group."""
+        return self._heads(whole)
 
     def extra_repr(self) -> str:
         return f"replicated {tuple(self.weight.shape)}, key/value heads per local query head {self.kv_heads}"

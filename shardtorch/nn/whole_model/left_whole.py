@@ -38,6 +38,10 @@ def left_whole(model: nn.Module) -> List[Tuple[str, str, str]]:
             continue
         if _placed(module):
             continue
+        base = getattr(module, "base_layer", None)
+        if isinstance(base, nn.Module) and _placed(base):  # peft's LoRA layer around a split projection
+            inside_listed += (name,)
+            continue
         cls = type(module).__name__
         kind = None
         if name in vocabulary:

@@ -12,6 +12,7 @@ from .declared_plan import declared_styles
 from .layers import is_projection, projection_sizes
 from .layouts import KINDS, find_layout
 from .layouts.base import Fit, Layout
+from .lora import lift_lora, peft_base_model, put_back
 from .vocabulary import find_vocabulary, tied_vocabulary_holders, vocabulary_refusal
 
 #: The styles a plan entry may name.
@@ -52,10 +53,17 @@ def auto_plan(model: nn.Module) -> Dict[str, str]:
     vocabulary (with every module tied to them); where no known layout
     applies, the "colwise" / "rowwise" projections of the tensor-parallel plan
     a transformers model declares (declared_plan.py). What it does not name stays
-    whole (``unplaced`` lists what that leaves)."""
+    whole (``unplaced`` lists what that leaves). A peft PeftModel's plan is its
+    base model's, its LoRA layers read as the projections they wrap."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"auto_plan: model must be a torch.nn.Module, got {type(model).__name__}")
-    return {p.name: p.style for p in _discover(model)}
+    base = peft_base_model(model)
+    model = model if base is None else base  # a PeftModel: its base model's plan, as parallelize applies it
+    lifted = lift_lora(model)
+    try:
+        return {p.name: p.style for p in _discover(model)}
+    finally:
+        put_back(lifted)
 
 
 def resolve(model: nn.Module, plan: Union[str, Dict[str, str]], size: int,
