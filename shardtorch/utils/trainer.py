@@ -13,6 +13,7 @@ forever. ``TensorParallelTrainer`` is the Trainer with three changes:
 - ``save_model`` (and the checkpoints during training) call the model's
   ``save_pretrained`` on every rank, which writes the unsharded model's
   checkpoint (rank 0 writes; the tokenizer and the training arguments too);
+  of a peft model, ``ts.nn.save_adapter``: peft's plain adapter, whole;
 - its first training step checks that the ranks of each group were given the
   same inputs (one all-gather of a digest) and refuses, on every rank, a
   setup that feeds them different ones.
@@ -76,10 +77,24 @@ class TensorParallelTrainer(Trainer):
         output_dir = output_dir if output_dir is not None else self.args.output_dir
         if self.args.should_save:
             os.makedirs(output_dir, exist_ok=True)
-        # Every rank: the unsharded checkpoint is gathered from all of them (rank 0 writes).
-        self.accelerator.unwrap_model(self.model, keep_torch_compile=False).save_pretrained(output_dir)
+        # Every rank: the unsharded checkpoint (or a peft model's whole adapter) is gathered from all of them
+        # (rank 0 writes).
+        model = self.accelerator.unwrap_model(self.model, keep_torch_compile=False)
+        if _is_peft_model(model):
+            from ..nn.whole_model.adapter_save import save_adapter
+            save_adapter(model, output_dir)
+        else:
+            model.save_pretrained(output_dir)
         if not self.args.should_save:
             return
         if self.processing_class is not None:
             self.processing_class.save_pretrained(output_dir)
         torch.save(self.args, os.path.join(output_dir, TRAINING_ARGS_NAME))
+
+
+def _is_peft_model(model) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:
+        return False
+    return isinstance(model, PeftModel)

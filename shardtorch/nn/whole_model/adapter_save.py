@@ -59,3 +59,16 @@ def save_adapter(peft_model: nn.Module, save_directory: str, **kwargs) -> None:
         peft_model.save_pretrained(save_directory, state_dict=whole, is_main_process=True, **kwargs)
     if torch.distributed.is_initialized():
         torch.distributed.barrier()  # the files exist on every rank's return
+
+
+def route_save_pretrained(peft_model: nn.Module) -> None:
+    """Makes ``peft_model.save_pretrained(directory, ...)`` (peft's, which would write each rank's slices)
+    write the whole adapter through ``save_adapter``; a call that passes its own ``state_dict`` (as
+    save_adapter's on rank 0 does) reaches peft's as it is."""
+    own = type(peft_model).save_pretrained
+
+    def save_pretrained(save_directory, *args, **kwargs):
+        if args or "state_dict" in kwargs:
+            return own(peft_model, save_directory, *args, **kwargs)
+        return save_adapter(peft_model, save_directory, **kwargs)
+    peft_model.save_pretrained = save_pretrained

@@ -21,6 +21,7 @@ from .report import parameter_bytes, print_report
 from .hf_methods import parallel_hf_methods
 from .input_agreement import check_inputs_at_first_training_forward
 from .logits import check_logits_option, gather_output_logits, generating
+from .adapter_save import route_save_pretrained
 from .lora import follow_split, lift_lora, peft_base_model, put_back, refuse_adapters_that_cannot_follow
 from .options_agree import check_options_agree, options_checked
 from .miniature import prove_on_miniature
@@ -100,6 +101,8 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
                                                "verbose": verbose, "logits": logits, "verify": verify})
     given, base = model, peft_base_model(model)
     model = model if base is None else base  # a PeftModel: its base model is split
+    if base is not None:
+        route_save_pretrained(given)  # peft's own would write each rank's slices
     size, rank = state.get_group_size(group), state.get_group_rank(group)
     # peft's adapter layers are lifted off their projections while the plan is read and applied (the
     # layouts know projections), and put back around the whole model the proof first runs.
