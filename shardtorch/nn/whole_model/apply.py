@@ -31,7 +31,7 @@ from .vocabulary import tie, vocabulary_parallel
 
 
 def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", group: str = state.TENSOR_PARALLEL,
-                sequence_parallel: bool = False, verbose: bool = False, logits: str = "whole",
+                sequence_parallel: bool = False, verbose: bool = False, logits: str = "lazy",
                 verify: bool = True, probe=None) -> nn.Module:
     """Shards ``model`` in place over the tensor-parallel ``group`` and returns it.
 
@@ -70,10 +70,13 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
             model with a config and ``input_ids``, images for timm and
             torchvision vision models, ids or features for a model whose
             first layer is an embedding or a linear).
-        logits: "whole" (what the model returns holds the unsharded model's
-            logits, gathered along the vocabulary for the positions computed;
-            its own loss is still computed from the shards) or "sharded" (the
-            vocabulary shards, marked, for the parallel losses: no gather).
+        logits: what the model returns in place of its logits (its own loss
+            is computed from the shards in every mode). "lazy" (default): the
+            unsharded model's logits, gathered from the ranks' shards when
+            first read, on any rank (logits.py: a step that reads only the
+            loss pays no gather); "whole": gathered along the vocabulary on
+            every forward, for the positions computed; "sharded": the
+            vocabulary shards, marked, for the parallel losses.
 
     A peft ``PeftModel`` is split through its base model (the plan names the
     base model's modules), its LoRA adapters split to match their projections

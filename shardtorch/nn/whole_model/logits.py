@@ -2,14 +2,23 @@
 
 The vocabulary-parallel LM head computes this rank's shard of the logits, and
 the model's own loss (``labels=``) is computed from the shards inside its
-forward. What the forward returns is then gathered whole (all-gather along
-the vocabulary, only the positions the model computed: one position per
-sequence under ``generate``, which passes ``logits_to_keep=1``), so that
-``argmax``, top-k, sampling and beam search read the unsharded model's
-logits. ``parallelize(..., logits="sharded")`` keeps the marked shards in the
-output instead, for code that knows it holds one (the parallel losses) and
-should not pay for the gather; ``generate`` does not know, so inside it the
-logits are gathered whole in either mode.
+forward. What the forward returns, by ``parallelize``'s ``logits``:
+
+- "lazy" (the default): ``LazyLogits`` (lazy_logits.py), a tensor of the
+  whole logits' shape that holds this rank's shard and gathers the whole on
+  its first read, on any rank, alone or with the others. A step that reads
+  only the loss pays no gather and no whole-logits memory. CPU only (its
+  shards are served over Unix sockets, shard_service.py); on other devices,
+  under ``torch.compile`` or ``torch.jit`` tracing, for tensor subclasses, and
+  where a group spans hosts, "lazy" gathers eagerly as "whole" does.
+- "whole": all-gathered along the vocabulary on every forward, only the
+  positions the model computed (one per sequence under ``generate``, which
+  passes ``logits_to_keep=1``).
+- "sharded": the marked shards, for code that knows it holds one (the
+  parallel losses) and should not pay for the gather.
+
+``generate`` picks tokens from the logits, so inside it (``generating``) they
+are gathered eagerly in every mode, and so inside the proof.
 
 A shard is told by its size, not by a mark: its last dimension is this rank's
 vocabulary slice (an element-wise op after the head, Gemma's soft-capping say,
@@ -22,8 +31,10 @@ import torch
 from torch import nn
 
 from ...distributed import mappings
+from .lazy_logits import lazy_logits
+from .shard_service import service_for
 
-LOGITS = ("whole", "sharded")
+LOGITS = ("lazy", "whole", "sharded")
 
 
 def _is_shard(value, local: int, full: int) -> bool:
@@ -34,12 +45,16 @@ _MODE = "_shardtorch_logits"
 _GENERATING = "_shardtorch_generating"
 
 
-def gather_output_logits(model: nn.Module, local: int, full: int, group: str, mode: str = "whole"):
-    """Makes ``model``'s forward return its logits whole (see the module docstring); with ``mode``
-    "sharded" only while it generates (``generating``)."""
+def gather_output_logits(model: nn.Module, local: int, full: int, group: str, mode: str = "lazy"):
+    """Makes ``model``'s forward return its logits whole, lazily or eagerly by ``mode`` (see the module
+    docstring); with ``mode`` "sharded" only while it generates (``generating``). "lazy" starts the
+    group's shard service: a collective, so every rank of the group calls this at the same point."""
     model.__dict__[_MODE] = mode
+    service = service_for(group) if mode == "lazy" else None
 
     def whole(value):
+        if service is not None and not model.__dict__.get(_GENERATING, False) and _can_be_lazy(value):
+            return lazy_logits(value, full, service)
         return mappings.gather_replicated(value, -1, group, full_size=full)
 
     def hook(module, args, kwargs, output):
@@ -55,6 +70,13 @@ def gather_output_logits(model: nn.Module, local: int, full: int, group: str, mo
         output.logits = whole(logits)
         return output
     return model.register_forward_hook(hook, with_kwargs=True)
+
+
+def _can_be_lazy(value: torch.Tensor) -> bool:
+    """A plain CPU tensor outside compilation and tracing (what shard_service.py can serve; the same
+    answer on every rank, which numbers its lazy outputs alike)."""
+    return type(value) is torch.Tensor and value.device.type == "cpu" and not torch.compiler.is_compiling() \
+        and not torch.jit.is_tracing() and not torch.jit.is_scripting()
 
 
 @contextlib.contextmanager

@@ -31,7 +31,7 @@ from .options_agree import check_options_agree, options_checked
 
 
 def from_pretrained(model, path=None, *, dtype="auto", plan="auto", group: str = state.TENSOR_PARALLEL,
-                    sequence_parallel: bool = False, verbose: bool = False, logits: str = "whole", device="cpu",
+                    sequence_parallel: bool = False, verbose: bool = False, logits: str = "lazy", device="cpu",
                     mmap: bool = True, config=None, verify: bool = True, **config_overrides) -> nn.Module:
     """A parallelized model whose parameters each rank reads from a Hugging
     Face checkpoint folder, only its own slices: no rank ever holds the whole
@@ -143,7 +143,7 @@ def from_pretrained(model, path=None, *, dtype="auto", plan="auto", group: str =
 
 
 def from_config(model, config=None, *, dtype=None, plan="auto", group: str = state.TENSOR_PARALLEL,
-                sequence_parallel: bool = False, verbose: bool = False, logits: str = "whole",
+                sequence_parallel: bool = False, verbose: bool = False, logits: str = "lazy",
                 device="cpu", verify: bool = True) -> nn.Module:
     """A fresh parallelized model, each rank holding exactly the slices that
     the unsharded model's own initialisation draws under the same
