@@ -2,7 +2,7 @@
 against PyTorch's ``parallelize_module`` (DTensor), side by side in one run.
 
     python benchmarks/transformer.py [--world-size 2] [--layers 6] [--width 512] [--heads 8]
-        [--vocab 32000] [--seq-len 256] [--batch 4] [--repeats 5] [--json PATH]
+        [--vocab 32000] [--seq-len 256] [--batch 4] [--repeats 5] [--approaches A,B,...] [--json PATH]
 
 Every approach trains its own copy of the same model (Hugging Face
 transformers' GPT2LMHeadModel from a config, the same seed, float32, AdamW) on
@@ -18,6 +18,10 @@ after a warm-up):
                    computes the vocabulary-parallel loss on the logits' shards
                    (logits="sharded": the step reads only the loss, so the
                    logits are not gathered for the output)
+  shardtorch_default  the same with parallelize's default logits="lazy": the
+                   output's logits gather the whole when first read, and this
+                   step never reads them (its cost against "shardtorch" is
+                   what the default costs a step that reads only the loss)
   shardtorch_fused the same, loss by ts.nn.causal_lm_loss(..., fused=True): the
                    LM head + loss chunk by chunk, the logits never formed
   dtensor          torch.distributed.tensor.parallel.parallelize_module with the
@@ -58,7 +62,7 @@ from collections import Counter
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
-APPROACHES = ("unsharded", "shardtorch", "shardtorch_fused", "dtensor", "dtensor_loss_parallel")
+APPROACHES = ("unsharded", "shardtorch", "shardtorch_default", "shardtorch_fused", "dtensor", "dtensor_loss_parallel")
 LOSS_TOLERANCE = 1e-4  # relative, float32
 
 
@@ -174,10 +178,12 @@ def worker(args):
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(args.vocab, (args.batch, args.seq_len), generator=g)  # the same batch on every rank
     models, errors = {}, {}
-    for name in APPROACHES:
+    for name in args.approaches.split(","):
         try:
             if name == "unsharded":
                 models[name] = _gpt2(args)
+            elif name == "shardtorch_default":
+                models[name] = ts.nn.parallelize(_gpt2(args))
             elif name.startswith("shardtorch"):
                 models[name] = ts.nn.parallelize(_gpt2(args), logits="sharded")  # the step reads only the loss
             else:
@@ -234,6 +240,10 @@ def _markdown(args, merged):
                      if base_t else f"| {name} | {t:.3f} | - | {m / mib:.0f} | - | - | {counts} | - |")
     for name, error in merged["errors"].items():
         lines.append(f"| {name} | failed: {error} | | | | | | |")
+    if "shardtorch" in merged["time"] and "shardtorch_default" in merged["time"]:
+        t = merged["time"]["shardtorch_default"] / merged["time"]["shardtorch"]
+        m = merged["peak"]["shardtorch_default"] / merged["peak"]["shardtorch"]
+        lines += ["", f"shardtorch_default against shardtorch (logits=\"sharded\"): step {t:.3f}x, peak {m:.3f}x"]
     return "\n".join(lines)
 
 
@@ -247,16 +257,22 @@ def main():
     parser.add_argument("--seq-len", type=int, default=256, help="tokens per sequence (default: 256)")
     parser.add_argument("--batch", type=int, default=4, help="sequences per step (default: 4)")
     parser.add_argument("--repeats", type=int, default=5, help="timed steps per approach (default: 5)")
+    parser.add_argument("--approaches", default=",".join(APPROACHES),
+                        help=f"comma-separated, in the order timed (default: {','.join(APPROACHES)})")
     parser.add_argument("--json", metavar="PATH", default=os.path.join(common.REPO, "benchmarks", "out",
                                                                        "transformer.json"),
                         help="where the results go (default: benchmarks/out/transformer.json)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    unknown = set(args.approaches.split(",")) - set(APPROACHES)
+    if unknown:
+        parser.error(f"--approaches: unknown {sorted(unknown)}; known: {', '.join(APPROACHES)}")
     if args.worker:
         worker(args)
         return
     passthrough = ["--layers", args.layers, "--width", args.width, "--heads", args.heads, "--vocab", args.vocab,
-                   "--seq-len", args.seq_len, "--batch", args.batch, "--repeats", args.repeats]
+                   "--seq-len", args.seq_len, "--batch", args.batch, "--repeats", args.repeats,
+                   "--approaches", args.approaches]
     merged = _merge(common.launch(os.path.abspath(__file__), args.world_size, passthrough + ["--worker"]))
     table = _markdown(args, merged)
     print(table)

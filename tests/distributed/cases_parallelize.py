@@ -218,7 +218,7 @@ def _check_collective_count(build, step, layers, name, vocab_embedding=True, voc
                             sequence_parallel=False):
     torch.manual_seed(0)
     model = build().to(F64)
-    # The training configuration that reads only the loss (the default also gathers the returned logits).
+    # The training configuration that reads only the loss, counted on the shards themselves.
     ts.nn.parallelize(model, sequence_parallel=sequence_parallel, logits="sharded")
     ts.distributed.reduce(torch.zeros(1))  # the group's shared memory segment, set up once, not counted
     first, _ = _collectives(lambda: step(model, True, 1, whole=False))  # the steady state is counted below
