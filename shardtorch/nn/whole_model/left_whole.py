@@ -12,6 +12,7 @@ from ..linear import ParallelLinear
 from ...utils.shard_facts import registered_shards
 from .layers import ColumnProjection, ReplicatedKeyValue, RowProjection, is_projection
 from .layouts.experts import is_experts_like
+from .layouts.families import ATTENTION_CLASS_WORDS
 from .layouts.mlp import is_mlp_like
 from .vocabulary import find_vocabulary
 
@@ -48,7 +49,7 @@ def left_whole(model: nn.Module) -> List[Tuple[str, str, str]]:
             kind = "vocabulary"
         elif isinstance(module, nn.MultiheadAttention):
             kind = "attention"
-        elif ("Attention" in cls or "Attn" in cls) and any(is_projection(m) for m in module.modules()):
+        elif any(word in cls for word in ATTENTION_CLASS_WORDS) and any(is_projection(m) for m in module.modules()):
             kind = "attention" if not _holds_placed(module) else None
         elif is_mlp_like(module) is not None:
             kind = "MLP" if not _holds_placed(module) else None

@@ -12,6 +12,7 @@ from .declared_plan import declared_styles
 from .layers import is_projection, projection_sizes
 from .layouts import KINDS, find_layout
 from .layouts.base import Fit, Layout
+from .layouts.families import WHOLE_ATTENTION_CLASSES
 from .lora import lift_lora, peft_base_model, put_back
 from .vocabulary import find_vocabulary, tied_vocabulary_holders, vocabulary_refusal
 
@@ -120,7 +121,7 @@ def _read(model: nn.Module, plan: Dict[str, str]) -> list:
 
 
 def _unknown(module: nn.Module, style: str) -> str:
-    if isinstance(module, (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)):
+    if isinstance(module, WHOLE_ATTENTION_CLASSES):
         return ("torch.nn.MultiheadAttention computes its heads inside F.multi_head_attention_forward from "
                 "the whole in_proj_weight and embed_dim, so no per-rank head count can make its own forward "
                 "compute a shard; it is not split (see docs/parallelize.md)")

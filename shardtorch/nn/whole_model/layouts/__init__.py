@@ -1,8 +1,10 @@
-"""The layouts parallelize knows, by family: attention with separate
-projections (attention.py), fused q/k/v (fused_attention.py), MLPs (mlp.py),
+"""The layouts parallelize knows: attention with separate projections
+(attention.py), fused q/k/v (fused_attention.py), MLPs (mlp.py),
 mixture-of-experts banks (experts.py); heads.py splits by whole heads and
 keeps each module's head bookkeeping right; base.py holds the Layout
-interface.
+interface. families.py is the table of model families they read (names,
+head bookkeeping, class tests, flags): adding an architecture is one entry
+there and one row in tests/distributed/zoo_models.py.
 
 What the zoos' forwards read (transformers 5.x, timm 1.0): GPT-2 splits
 ``c_attn``'s output by ``split_size`` then views by ``head_dim``; Llama
@@ -20,6 +22,7 @@ from torch import nn
 from .attention import BertAttention, SeparateAttention
 from .base import Fit, Layout
 from .experts import FusedExperts
+from .families import WHOLE_ATTENTION_CLASSES
 from .fused_attention import FusedByHead, FusedByPart
 from .mlp import BertMLP, FusedGatedMLP, GatedMLP, PairMLP, SequentialMLP
 
@@ -31,7 +34,7 @@ KINDS = ("attention", "mlp", "experts")
 
 def find_layout(module: nn.Module, kind: Optional[str] = None) -> Optional[Tuple[Layout, Fit]]:
     """(layout, fit) of the known layout ``module`` has (of ``kind`` if given), or None."""
-    if isinstance(module, (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)):
+    if isinstance(module, WHOLE_ATTENTION_CLASSES):
         return None
     for layout in ATTENTION_LAYOUTS + MLP_LAYOUTS + EXPERT_LAYOUTS:
         if kind is None or layout.kind == kind:

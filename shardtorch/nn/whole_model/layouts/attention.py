@@ -1,31 +1,24 @@
 """Attention with separate query, key and value projections.
 
-``SeparateAttention`` recognises the projections by their names
-(``q_proj/k_proj/v_proj`` then ``o_proj``, ``out_proj`` or ``dense``: the
-Llama family, Mistral, Qwen2/3, Gemma 1-3, OLMo 2, StableLM, Mixtral, OPT,
-GPT-J; ``q_lin/k_lin/v_lin/out_lin``: DistilBERT; ``q/k/v/o``: T5, self- and
-cross-attention; ``query/key/value/proj``: minGPT) and the head geometry by
-the projections' sizes and the head bookkeeping the module declares
-(heads.py). Beside the projections it accepts norms per head, RMS
+``SeparateAttention`` recognises the projections by the names of the
+families' ``SeparateQKV`` entries (families.py: Llama and its kin, OPT,
+GPT-J, Phi, DistilBERT, T5's self- and cross-attention, minGPT) and the head
+geometry by the projections' sizes and the head bookkeeping the module
+declares (heads.py). Beside the projections it accepts norms per head, RMS
 norms over a whole projection and a relative position bias by head; any
 other parameter makes it unknown (left whole).
 
 BERT keeps its query/key/value in ``self`` and the output projection in
-``output``: ``BertAttention``.
+``output`` (a ``NestedQKV`` entry): ``BertAttention``.
 """
 
 from torch import nn
 
 from ..layers import ColumnProjection, ReplicatedKeyValue, block_input
-from .base import Fit, Layout, int_attr, linear, output_dropout_is_off, own_parameters_only_in, row, too_few
-from .heads import (GROUP_COUNTS, HEAD_COUNTS, KV_HEAD_COUNTS, HeadSplit, apply_extras, classify_extras,
-                    counts_agree, declared, extras_refusal, head_size_of, set_local_counts,
-                    slice_alibi_to_local_heads)
-
-_NAMES = (("q_proj", "k_proj", "v_proj", ("o_proj", "out_proj", "dense")),
-          ("q_lin", "k_lin", "v_lin", ("out_lin",)),
-          ("q", "k", "v", ("o",)),
-          ("query", "key", "value", ("proj",)))
+from .base import Fit, Layout, int_attr, linear, own_parameters_only_in, row, too_few
+from .families import FAMILIES, GROUP_COUNTS, HEAD_COUNTS, KV_HEAD_COUNTS, SEPARATE_QKV, NestedQKV
+from .heads import (HeadSplit, HeadsLayout, apply_extras, classify_extras, counts_agree, declared, head_size_of,
+                    set_local_counts, slice_alibi_to_local_heads)
 
 
 def _head_geometry(module: nn.Module, q_width: int, kv_width: int):
@@ -46,16 +39,13 @@ def _head_geometry(module: nn.Module, q_width: int, kv_width: int):
     return heads, kv_heads, head_dim
 
 
-class SeparateAttention(Layout):
-    kind = "attention"
-
+class SeparateAttention(HeadsLayout):
     def fit(self, m):
-        for q_name, k_name, v_name, out_names in _NAMES:
-            q, k, v = linear(m, q_name), linear(m, k_name), linear(m, v_name)
-            out_name = next((n for n in out_names if linear(m, n) is not None), None)
-            if q is None or k is None or v is None or out_name is None:
+        for entry in SEPARATE_QKV:
+            q_name, k_name, v_name, out_name = entry.query, entry.key, entry.value, entry.out
+            q, k, v, out = linear(m, q_name), linear(m, k_name), linear(m, v_name), linear(m, out_name)
+            if q is None or k is None or v is None or out is None:
                 continue
-            out = linear(m, out_name)
             if (v.out_features != k.out_features or out.in_features != q.out_features
                     or not q.in_features == k.in_features == v.in_features or getattr(m, "pruned_heads", None)):
                 return None
@@ -73,12 +63,6 @@ class SeparateAttention(Layout):
             return Fit("/".join(names), names=names,
                        heads=heads, kv_heads=kv_heads, head_dim=head_dim, extras=extras)
         return None
-
-    def refusal(self, m, fit, size):
-        reason = too_few("attention heads", fit.heads, size)
-        if reason is None:
-            reason = extras_refusal(fit.extras, HeadSplit(fit.heads, fit.kv_heads, fit.head_dim, size, 0))
-        return reason
 
     def apply(self, m, fit, group, size, rank, sp=False):
         q_name, k_name, v_name, out_name = fit.names
@@ -103,43 +87,58 @@ class SeparateAttention(Layout):
             changed["alibi"] = "this rank's heads"
         return changed
 
-    def head_dropout_region(self, m, fit):
-        return m if output_dropout_is_off(m) else None
-
 
 class BertAttention(Layout):
-    """Hugging Face BERT (RoBERTa, ...): ``self.query/key/value`` and ``output.dense``."""
+    """Hugging Face BERT (RoBERTa, ...): ``self.query/key/value`` and ``output.dense`` (a ``NestedQKV``
+    entry), its head bookkeeping in its family's attributes."""
     kind = "attention"
 
     def fit(self, m):
-        inner, output = getattr(m, "self", None), getattr(m, "output", None)
-        if not isinstance(inner, nn.Module) or output is None or linear(output, "dense") is None:
-            return None
-        if not all(linear(inner, n) is not None for n in ("query", "key", "value")):
-            return None
-        heads, size = int_attr(inner, "num_attention_heads"), int_attr(inner, "attention_head_size")
-        if not (heads is not None and size is not None and int_attr(inner, "all_head_size") == heads * size
-                and inner.query.out_features == inner.key.out_features == inner.value.out_features == heads * size
-                and output.dense.in_features == heads * size and not getattr(inner, "is_decoder", False)
-                and own_parameters_only_in(inner, ["query", "key", "value"])):
-            return None
-        return Fit("bert", heads=heads, head_dim=size)
+        for family in FAMILIES:
+            for entry in family.attention:
+                if isinstance(entry, NestedQKV):
+                    fit = _nested_fit(m, entry, family.heads)
+                    if fit is not None:
+                        return fit
+        return None
 
     def refusal(self, m, fit, size):
         return too_few("attention heads", fit.heads, size)
 
     def gather_point(self, m, fit):
-        return m.self
+        return getattr(m, fit.entry.inner)
 
     def head_dropout_region(self, m, fit):
-        return m.self  # the attention probabilities' dropout; output.dropout is on replicated activations
+        # the attention probabilities' dropout; the output module's dropout is on replicated activations
+        return getattr(m, fit.entry.inner)
 
     def apply(self, m, fit, group, size, rank, sp=False):
-        inner, unit = m.self, fit.head_dim
+        entry, unit = fit.entry, fit.head_dim
+        inner, output = getattr(m, entry.inner), getattr(m, entry.output)
         shared = block_input(group, 3, sp)
-        for name in ("query", "key", "value"):
+        for name in (entry.query, entry.key, entry.value):
             setattr(inner, name, ColumnProjection(getattr(inner, name), group, size, rank, shared, unit=unit))
-        m.output.dense = row(sp, m.output.dense, group, size, rank, unit=unit)
-        inner.num_attention_heads = inner.query.out_features // unit
-        inner.all_head_size = inner.query.out_features
-        return {"self.num_attention_heads": inner.num_attention_heads, "self.all_head_size": inner.all_head_size}
+        setattr(output, entry.out, row(sp, getattr(output, entry.out), group, size, rank, unit=unit))
+        width = getattr(inner, entry.query).out_features
+        setattr(inner, fit.count, width // unit)
+        setattr(inner, fit.width, width)
+        return {f"{entry.inner}.{fit.count}": width // unit, f"{entry.inner}.{fit.width}": width}
+
+
+def _nested_fit(m, entry: NestedQKV, heads_attributes):
+    inner, output = getattr(m, entry.inner, None), getattr(m, entry.output, None)
+    if not isinstance(inner, nn.Module) or output is None or linear(output, entry.out) is None:
+        return None
+    names = (entry.query, entry.key, entry.value)
+    if not all(linear(inner, n) is not None for n in names):
+        return None
+    count, width, size_name = heads_attributes.counts[0], heads_attributes.widths[0], heads_attributes.sizes[0]
+    heads, size = int_attr(inner, count), int_attr(inner, size_name)
+    q, k, v = (getattr(inner, n) for n in names)
+    if not (heads is not None and size is not None and int_attr(inner, width) == heads * size
+            and q.out_features == k.out_features == v.out_features == heads * size
+            and getattr(output, entry.out).in_features == heads * size
+            and not (entry.unless and getattr(inner, entry.unless, False))
+            and own_parameters_only_in(inner, list(names))):
+        return None
+    return Fit("bert", heads=heads, head_dim=size, entry=entry, count=count, width=width)

@@ -91,9 +91,3 @@ def row(sp: bool, source: nn.Module, group: str, size: int, rank: int, unit: int
     # Sequence parallelism: reduce-scatter along the sequence (dim 1 of [batch, sequence, features]).
     return RowProjection(source, group, size, rank, unit, sequence_dim=1 if sp else None)
 
-
-def output_dropout_is_off(module: nn.Module) -> bool:
-    """Whether no nn.Dropout child that drops the attention's output (named resid... or ...proj...) is on:
-    then the module's dropout acts on its heads only (the attention probabilities)."""
-    return all(child.p == 0 for name, child in module.named_children()
-               if isinstance(child, nn.Dropout) and ("resid" in name or "proj" in name))

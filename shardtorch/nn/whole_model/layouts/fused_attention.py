@@ -1,15 +1,19 @@
 """Attention whose query, key and value come out of one fused projection.
 
-Laid out by part, [query | key | value] (``c_attn``: GPT-2's Conv1D;
-``qkv``: timm's ViT and Swin; ``qkv_proj``: Phi-3, whose query part is larger
-than its key/value parts under grouped-query attention): ``FusedByPart``.
+The names are the families' ``FusedQKV`` entries (families.py). Laid out
+by part, [query | key | value] (GPT-2's Conv1D ``c_attn``, timm's ``qkv``,
+Phi-3's ``qkv_proj``, whose query part is larger than its key/value parts
+under grouped-query attention): ``FusedByPart``.
 
-Laid out by head, [heads, (query, key, value), head_dim] (``query_key_value``:
-GPT-NeoX, Bloom, Falcon; Megatron's order; GPTBigCode's ``c_attn`` without
-multi-query, known by its class): ``FusedByHead``. Falcon's
-multi-query variant puts its one key and one value head after all the query
-heads, and its grouped variant (``new_decoder_architecture``) lays out each
-key/value group as [its query heads, key, value].
+Laid out by head, [heads, (query, key, value), head_dim] (GPT-NeoX's, Bloom's
+and Falcon's ``query_key_value``; Megatron's order; GPTBigCode's ``c_attn``
+without multi-query, known by its class, as names cannot show a fused
+layout): ``FusedByHead``. Falcon's multi-query variant puts its one key and
+one value head after all the query heads, and its grouped variant lays out
+each key/value group as [its query heads, key, value] (the family's
+``multi_query`` and ``grouped`` attributes). GPTBigCode's multi-query
+``c_attn`` is by part, of one key/value head, and its forward splits the
+output at its ``query_width`` (set to this rank's).
 
 A key/value part with fewer heads than ranks cannot split: its rows lie on
 the first ranks (shardtorch.utils.shard_facts, ``parts``) and every rank
@@ -19,36 +23,18 @@ sums the group's rows of it at each forward (layers.ColumnProjection,
 
 from ....utils.shards import shard_range
 from ..layers import ColumnProjection, RowProjection, block_input, is_conv1d
-from .base import Fit, Layout, int_attr, output_dropout_is_off, projection, row, too_few
-from .heads import (HEAD_COUNTS, KV_HEAD_COUNTS, GROUP_COUNTS, HeadSplit, apply_extras, classify_extras,
-                    counts_agree, declared, extras_refusal, head_size_of, set_local_counts,
-                    slice_alibi_to_local_heads, split_parameter_by_head, takes_alibi)
-
-_BY_PART = (("c_attn", "c_proj"), ("qkv", "proj"), ("qkv_proj", "o_proj"))
-_BY_HEAD = (("query_key_value", "dense"),)
-# Attention classes whose c_attn, named as GPT-2's, is laid out by head: [heads, (query, key, value),
-# head_dim] (GPTBigCode without multi-query: its forward views it as [heads, 3 x head_dim]). Names
-# cannot show a fused layout, which is the forward's; these are known by class. With multi-query,
-# GPTBigCode's c_attn is by part, [query | key | value] of one key/value head: its ``kv_heads`` says so,
-# and its forward splits the output by ``embed_dim``, the query part's width (set to this rank's).
-_GPT_BIGCODE = ("GPTBigCodeAttention",)
+from .base import Fit, int_attr, projection, row
+from .families import (CROSS_ATTENTION, GROUP_COUNTS, GROUPED, HEAD_COUNTS, HEAD_TABLES, KV_HEAD_COUNTS, MULTI_QUERY,
+                       class_attribute, flagged, fused_qkv, reads_whole_weights)
+from .heads import (HeadSplit, HeadsLayout, apply_extras, classify_extras, counts_agree, declared, head_size_of,
+                    set_local_counts, slice_alibi_to_local_heads, split_parameter_by_head, takes_alibi)
 
 
-def _is_gpt_bigcode(m) -> bool:
-    return type(m).__name__ in _GPT_BIGCODE
-
-
-def _c_attn_by_head(m) -> bool:
-    return _is_gpt_bigcode(m) and not getattr(m, "multi_query", False)
-
-# The position bias table a window attention keeps per head (Swin: [(2W-1)^2, heads]).
-_HEAD_TABLES = ("relative_position_bias_table",)
-
-
-def _names(m, pairs):
-    for fused, out in pairs:
-        if projection(m, fused) is not None and projection(m, out) is not None:
-            return fused, out
+def _names(m, by: str):
+    """(fused, out) of the first FusedQKV entry laid out ``by`` that ``m`` holds, or None."""
+    for entry in fused_qkv(m, by):
+        if projection(m, entry.fused) is not None and projection(m, entry.out) is not None:
+            return entry.fused, entry.out
     return None
 
 
@@ -62,8 +48,8 @@ def _counts(m, fused_width: int, parts_per_kv: int):
     head_dim, from what the module declares."""
     heads = next(iter(declared(m, HEAD_COUNTS).values()), None)
     kv_heads = next(iter(declared(m, KV_HEAD_COUNTS).values()), None)
-    if kv_heads is None and _is_gpt_bigcode(m):
-        kv_heads = int_attr(m, "kv_heads")
+    if kv_heads is None and class_attribute(m, "kv_heads") is not None:
+        kv_heads = int_attr(m, class_attribute(m, "kv_heads"))
     groups = next(iter(declared(m, GROUP_COUNTS).values()), None)
     if heads is None and kv_heads is not None and groups is not None:
         heads = kv_heads * groups
@@ -89,15 +75,13 @@ def _own_tables(m, heads):
     """The module's own parameters: only position bias tables by head are allowed."""
     tables = []
     for name, param in m.named_parameters(recurse=False):
-        if name not in _HEAD_TABLES or param.dim() != 2 or param.shape[1] != heads:
+        if name not in HEAD_TABLES or param.dim() != 2 or param.shape[1] != heads:
             return None
         tables.append(name)
     return tables
 
 
-class _Fused(Layout):
-    kind = "attention"
-
+class _Fused(HeadsLayout):
     def _extras(self, m, names, heads, kv_heads, head_dim):
         tables = _own_tables(m, heads)
         if tables is None:
@@ -105,15 +89,6 @@ class _Fused(Layout):
         extras = classify_extras([(n, c) for n, c in m.named_children() if n not in names], heads, head_dim,
                                  heads * head_dim, kv_heads * head_dim)
         return (tables, extras) if extras is not None else (None, None)
-
-    def refusal(self, m, fit, size):
-        reason = too_few("attention heads", fit.heads, size)
-        if reason is None:
-            reason = extras_refusal(fit.extras, HeadSplit(fit.heads, fit.kv_heads, fit.head_dim, size, 0))
-        return reason
-
-    def head_dropout_region(self, m, fit):
-        return m if output_dropout_is_off(m) else None
 
     def _finish(self, m, fit, split, group, size, rank, changed):
         for table in fit.tables:
@@ -140,11 +115,10 @@ class FusedByPart(_Fused):
     """[query | key | value] in one projection (GPT-2's c_attn, timm's qkv, Phi-3's qkv_proj)."""
 
     def fit(self, m):
-        names = _names(m, _BY_PART)
-        if names is None or getattr(m, "is_cross_attention", False) or getattr(m, "gate", None) is not None:
+        names = _names(m, "part")
+        # A ``gate`` beside the projections is no part of these layouts.
+        if names is None or flagged(m, CROSS_ATTENTION) or getattr(m, "gate", None) is not None:
             return None
-        if _c_attn_by_head(m):
-            return None  # FusedByHead's
         (_, width), (out_in, _) = _sizes(m, names[0]), _sizes(m, names[1])
         counts = _counts(m, width, 3)
         if counts is None:
@@ -171,8 +145,10 @@ class FusedByPart(_Fused):
                                                gathered=gathered))
         setattr(m, out, row(sp, getattr(m, out), group, size, rank, unit=split.query_unit))
         changed = set_local_counts(m, split.local_heads, kv_heads, groups, fit.head_dim, fit.heads, fit.kv_heads)
-        if _is_gpt_bigcode(m):  # GPTBigCode multi-query splits c_attn's output by it
-            m.embed_dim = changed["embed_dim"] = split.local_heads * fit.head_dim
+        query_width = class_attribute(m, "query_width")
+        if query_width is not None:  # GPTBigCode multi-query splits c_attn's output at it
+            setattr(m, query_width, split.local_heads * fit.head_dim)
+            changed[query_width] = split.local_heads * fit.head_dim
         if split.kv_replicated:
             changed["key/value"] = "summed whole over the group each forward"
         return self._finish(m, fit, split, group, size, rank, changed)
@@ -180,20 +156,16 @@ class FusedByPart(_Fused):
 
 class FusedByHead(_Fused):
     """[heads, (query, key, value), head_dim] in ``query_key_value`` (GPT-NeoX, Bloom, Falcon) or GPTBigCode's
-    ``c_attn``, and Falcon's multi-query and grouped variants (its ``multi_query`` and
-    ``new_decoder_architecture``)."""
+    ``c_attn``, and Falcon's multi-query and grouped variants."""
 
     def fit(self, m):
-        names = _names(m, _BY_HEAD)
-        if names is None and _c_attn_by_head(m) and not getattr(m, "is_cross_attention", False):
-            names = _names(m, (("c_attn", "c_proj"),))
-        if names is None:
+        names = _names(m, "head")
+        if names is None or flagged(m, CROSS_ATTENTION):
             return None
         (_, width), (out_in, _) = _sizes(m, names[0]), _sizes(m, names[1])
-        if int_attr(m, "pretraining_tp") not in (None, 1) and getattr(m, "slow_but_exact", False):
-            return None  # Bloom's slow_but_exact path slices dense's whole weight itself
-        grouped, multi_query = bool(getattr(m, "new_decoder_architecture", False)), bool(getattr(m, "multi_query",
-                                                                                               False))
+        if reads_whole_weights(m):
+            return None
+        grouped, multi_query = flagged(m, GROUPED), flagged(m, MULTI_QUERY)
         counts = _counts(m, width, 3)
         if counts is None:
             return None

@@ -4,11 +4,8 @@ follows the heads (per-head norms, norms over a whole projection, relative
 position biases, ALiBi slopes).
 
 The head-count attributes the zoos' forwards reshape by, or pass on to the
-attention functions (transformers 5.x: ``num_heads``, ``num_attention_heads``,
-``n_heads``, ``n_head``, ``num_key_value_heads``, ``num_kv_heads``,
-``num_key_value_groups``; widths ``inner_dim``, ``all_head_size``,
-``attn_dim``, ``split_size``), are set to this rank's counts where the module
-has them. Some forwards read the counts from the module's ``config`` (Phi-3
+attention functions (each family's, families.py), are set to this rank's
+counts where the module has them. Some forwards read the counts from the module's ``config`` (Phi-3
 slices its fused projection at ``config.num_attention_heads x head_dim``):
 that module gets a view of its config with its local counts, which reads
 everything else from the shared config, so changes to the model's config
@@ -24,13 +21,9 @@ from ....utils.shard_facts import register_shard, split_pieces
 from ....utils.shards import shard_range
 from ..layers import _rows
 from ..norms import HeadShardedRMSNorm, sum_gradients_over_group
-from .base import int_attr
-
-HEAD_COUNTS = ("num_heads", "num_attention_heads", "n_heads", "n_head")
-KV_HEAD_COUNTS = ("num_key_value_heads", "num_kv_heads")
-GROUP_COUNTS = ("num_key_value_groups",)
-HEAD_WIDTHS = ("inner_dim", "all_head_size", "attn_dim", "split_size")
-HEAD_SIZES = ("head_dim", "head_size", "attention_head_size", "key_value_proj_dim")
+from .base import Layout, int_attr, too_few
+from .families import (ALIBI, GROUP_COUNTS, HEAD_COUNTS, HEAD_SIZES, HEAD_WIDTHS, KV_HEAD_COUNTS,
+                       OUTPUT_DROPOUT)
 
 
 class HeadSplit:
@@ -134,6 +127,28 @@ class LocalHeadsConfig:
         return f"LocalHeadsConfig({self._local}, of {type(self._shared).__name__})"
 
 
+class HeadsLayout(Layout):
+    """What the attention layouts that split by heads share: the same refusal and dropout region."""
+    kind = "attention"
+
+    def refusal(self, module, fit, size):
+        reason = too_few("attention heads", fit.heads, size)
+        if reason is None:
+            reason = extras_refusal(fit.extras, HeadSplit(fit.heads, fit.kv_heads, fit.head_dim, size, 0))
+        return reason
+
+    def head_dropout_region(self, module, fit):
+        return module if output_dropout_is_off(module) else None
+
+
+def output_dropout_is_off(module: nn.Module) -> bool:
+    """Whether no nn.Dropout child that drops the attention's output (its name holding one of the families'
+    OUTPUT_DROPOUT: GPT-2's resid_dropout, timm's proj_drop) is on: then the module's dropout acts on its
+    heads only (the attention probabilities)."""
+    return all(child.p == 0 for name, child in module.named_children()
+               if isinstance(child, nn.Dropout) and any(part in name for part in OUTPUT_DROPOUT))
+
+
 # What may sit beside the projections of an attention module, following its heads.
 
 def is_per_head_norm(child: nn.Module, head_dim: int) -> bool:
@@ -235,16 +250,22 @@ def _forward_parameters(module: nn.Module) -> List[str]:
         return []
 
 
+def _alibi_argument(module: nn.Module) -> Optional[str]:
+    parameters = _forward_parameters(module)
+    return next((name for name in ALIBI if name in parameters), None)
+
+
 def takes_alibi(module: nn.Module) -> bool:
-    return "alibi" in _forward_parameters(module)
+    return _alibi_argument(module) is not None
 
 
 def slice_alibi_to_local_heads(module: nn.Module, split: HeadSplit) -> bool:
     """A forward taking ``alibi`` (Bloom's, [batch x heads, 1, keys], built by the model for every head)
     gets this rank's heads' rows of it (a contiguous run of heads); returns whether it takes one."""
-    if not takes_alibi(module):
+    argument = _alibi_argument(module)
+    if argument is None:
         return False
-    position = _forward_parameters(module).index("alibi")
+    position = _forward_parameters(module).index(argument)
     heads, first, local = split.heads, split.first_head, split.local_heads
 
     def local_rows(alibi: torch.Tensor) -> torch.Tensor:
@@ -254,8 +275,8 @@ def slice_alibi_to_local_heads(module: nn.Module, split: HeadSplit) -> bool:
         return per_head[:, first:first + local].reshape(-1, *alibi.shape[1:])
 
     def hook(_, args, kwargs):
-        if "alibi" in kwargs:
-            return args, dict(kwargs, alibi=local_rows(kwargs["alibi"]))
+        if argument in kwargs:
+            return args, dict(kwargs, **{argument: local_rows(kwargs[argument])})
         if len(args) > position:
             args = args[:position] + (local_rows(args[position]),) + args[position + 1:]
         return args, kwargs

@@ -1,29 +1,22 @@
 """MLP layouts: an up projection (or gate and up) column-parallel, the down
 projection row-parallel, no gather between them (Megatron's pairing).
 
-Recognised by the projections' names and sizes (up.out == down.in):
-``c_fc/c_proj`` (GPT-2, Conv1D or Linear), ``fc_in/fc_out`` (GPT-J),
-``dense_h_to_4h/dense_4h_to_h`` (GPT-NeoX, Bloom, Falcon), ``lin1/lin2``
-(DistilBERT), ``fc1/fc2`` (OPT's decoder layer, timm's Mlp), ``wi/wo`` (T5);
-gated ``gate_proj, up_proj/down_proj`` (Llama family) and ``wi_0, wi_1/wo``
-(T5 v1.1); fused gated ``gate_up_proj/down_proj`` ([gate | up], Phi-3);
-BERT's ``intermediate.dense/output.dense``; ``nn.Sequential(Linear,
-elementwise..., Linear)``. Other parameters in the module must be norms over
+Recognised by the projections' names (the families' MLP entries,
+families.py: pairs, gated, fused gated [gate | up], BERT's nested
+``intermediate.dense/output.dense``) and sizes (up.out == down.in), or by
+structure: ``nn.Sequential(Linear, elementwise..., Linear)``. Other parameters in the module must be norms over
 the model's width (OPT's decoder layer holds its layer norms and its
 attention beside fc1/fc2): a norm over the hidden features between the two
 projections would read a shard, so such a module is not recognised.
 """
+from dataclasses import astuple
 from typing import Optional
 
 from torch import nn
 
 from ..layers import ColumnProjection, block_input, is_conv1d
-from .base import Fit, Layout, int_attr, linear, own_parameters_only_in, projection, row, too_few
-
-_PAIRS = (("c_fc", "c_proj"), ("fc_in", "fc_out"), ("dense_h_to_4h", "dense_4h_to_h"), ("lin1", "lin2"),
-          ("fc1", "fc2"), ("wi", "wo"))
-_GATED = (("gate_proj", "up_proj", "down_proj"), ("wi_0", "wi_1", "wo"))
-_FUSED_GATED = (("gate_up_proj", "down_proj"),)
+from .base import Fit, Layout, linear, own_parameters_only_in, projection, row, too_few
+from .families import FUSED_GATED_MLPS, GATED_MLPS, NESTED_MLPS, PAIR_MLPS, reads_whole_weights
 
 # Modules without parameters that act element by element (allowed between the
 # two projections of a Sequential MLP).
@@ -64,15 +57,16 @@ class PairMLP(_MLP):
     """An up projection then a down projection."""
 
     def fit(self, m):
-        for up_name, down_name in _PAIRS:
+        for entry in PAIR_MLPS:
+            up_name, down_name = entry.up, entry.down
             up, down = projection(m, up_name), projection(m, down_name)
             if up is None or down is None:
                 continue
             (up_in, hidden), (down_in, down_out) = _in_out(up), _in_out(down)
             if hidden != down_in or up_in != down_out:
                 return None
-            if int_attr(m, "pretraining_tp") not in (None, 1) and getattr(m, "slow_but_exact", False):
-                return None  # Bloom's slow_but_exact path slices the whole down weight itself
+            if reads_whole_weights(m):
+                return None
             whole_layer = _holds_attention(m, (up_name, down_name))
             if not _others_are_width_norms_or_attention(m, (up_name, down_name), up_in):
                 return None
@@ -93,7 +87,8 @@ class GatedMLP(_MLP):
     """Gate and up projections, multiplied, then down."""
 
     def fit(self, m):
-        for names in _GATED:
+        for entry in GATED_MLPS:
+            names = (entry.gate, entry.up, entry.down)
             gate, up, down = (linear(m, n) for n in names)
             if gate is None or up is None or down is None:
                 continue
@@ -118,7 +113,8 @@ class FusedGatedMLP(_MLP):
     """One projection [gate | up] (the forward chunks its output in two), then down (Phi-3)."""
 
     def fit(self, m):
-        for names in _FUSED_GATED:
+        for entry in FUSED_GATED_MLPS:
+            names = (entry.gate_up, entry.down)
             fused, down = (linear(m, n) for n in names)
             if fused is None or down is None:
                 continue
@@ -140,23 +136,28 @@ class FusedGatedMLP(_MLP):
 
 class BertMLP(_MLP):
     """BERT's layer: ``intermediate.dense`` then ``output.dense`` (the
-    attention's ``output`` is another module)."""
+    attention's ``output`` is another module): a NestedMLP entry."""
 
     def fit(self, m):
-        inter, out = getattr(m, "intermediate", None), getattr(m, "output", None)
-        if inter is None or out is None or linear(inter, "dense") is None or linear(out, "dense") is None:
-            return None
-        if not (hasattr(m, "attention") and inter.dense.out_features == out.dense.in_features
-                and own_parameters_only_in(inter, ["dense"])):
-            return None
-        return Fit("bert", hidden=inter.dense.out_features)
+        for entry in NESTED_MLPS:
+            inter, out = getattr(m, entry.up_module, None), getattr(m, entry.down_module, None)
+            if inter is None or out is None or linear(inter, entry.projection) is None or \
+                    linear(out, entry.projection) is None:
+                continue
+            up, down = getattr(inter, entry.projection), getattr(out, entry.projection)
+            if not (hasattr(m, entry.beside) and up.out_features == down.in_features
+                    and own_parameters_only_in(inter, [entry.projection])):
+                return None
+            return Fit("bert", hidden=up.out_features, entry=entry)
+        return None
 
     def gather_point(self, m, fit):
-        return m.intermediate
+        return getattr(m, fit.entry.up_module)
 
     def apply(self, m, fit, group, size, rank, sp=False):
-        m.intermediate.dense = ColumnProjection(m.intermediate.dense, group, size, rank, block_input(group, 1, sp))
-        m.output.dense = row(sp, m.output.dense, group, size, rank)
+        inter, out, name = getattr(m, fit.entry.up_module), getattr(m, fit.entry.down_module), fit.entry.projection
+        setattr(inter, name, ColumnProjection(getattr(inter, name), group, size, rank, block_input(group, 1, sp)))
+        setattr(out, name, row(sp, getattr(out, name), group, size, rank))
         return {}
 
 
@@ -188,7 +189,8 @@ class SequentialMLP(_MLP):
 def is_mlp_like(module: nn.Module) -> Optional[str]:
     """A description when ``module`` holds an up/down pair of projections of the known names (an MLP that
     no layout took), for the list of what stays whole."""
-    for names in _PAIRS + _GATED + _FUSED_GATED:
+    for entry in PAIR_MLPS + GATED_MLPS + FUSED_GATED_MLPS:
+        names = astuple(entry)
         if all(projection(module, n) is not None for n in names):
             return "/".join(names)
     return None
