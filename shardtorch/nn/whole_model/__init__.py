@@ -1,8 +1,8 @@
 """``ts.nn.parallelize`` (this package: ``shardtorch.nn.whole_model``): a whole transformer sharded in one call.
 
 Files: plan.py (the plan: discovery, and each entry resolved once to its
-layout), layouts/ (the attention, MLP and experts layouts it knows, by family,
-and their head bookkeeping), layers.py (the head-aware column/row
+layout), layouts/ (the attention, MLP and experts layouts it knows, the table of
+model families they read, and their head bookkeeping), layers.py (the head-aware column/row
 projections), norms.py (norms beside split heads), vocabulary.py
 (vocabulary-parallel embeddings and LM head, tied modules included), loss.py
 (the LM loss from the shards), logits.py (the logits a user reads, whole),
