@@ -535,13 +535,39 @@ class _ReadsItsTable(torch.nn.Embedding):
         return F.embedding(input, self.weight) * 2.0
 
 
+class _AddsItsTableMean(torch.nn.Embedding):
+    def forward(self, input):
+        return super().forward(input) + self.weight.mean(0)
+
+
+class _RenormalisesRows(torch.nn.Embedding):
+    def forward(self, input):
+        return super().forward(input) * 2.0
+
+
 def case_a_vocabulary_read_as_whole_is_refused_or_follows():
     import warnings
+    from shardtorch.nn.whole_model.proof import ParallelizeProofError
     from tests.distributed.zoo_models import ZOO
-    # An nn.Embedding subclass that looks its table up itself would read its shard as the whole table.
-    model = torch.nn.Sequential(_ReadsItsTable(97, 8), torch.nn.Linear(8, 97))
-    expect_error(lambda: ts.nn.parallelize(model, plan={"0": "vocab", "1": "vocab"}), "'0' (_ReadsItsTable)",
-                 "overrides nn.Embedding's lookup", exception=ValueError)
+    # An nn.Embedding subclass whose forward reads its table itself reads its shard as the whole table. It
+    # is split like any subclass (its lookup beneath it vocabulary-parallel) and the proof refuses it on
+    # every rank, naming the embedding and the plan that keeps it whole (indexing past its shard raises;
+    # reading all of it computes another output); that plan then gives the unsharded model's numbers.
+    ids = torch.arange(96, 96 - 21, -1).reshape(3, 7)  # ids beyond every rank's own rows
+    for table, how in ((_ReadsItsTable, "raises on the probe batch"), (_AddsItsTableMean, "gives another output")):
+        def build():
+            torch.manual_seed(0)
+            return torch.nn.Sequential(table(97, 8), torch.nn.Linear(8, 97)).to(F64)
+        expect_error(lambda: ts.nn.parallelize(build(), plan={"0": "vocab", "1": "vocab"}),
+                     f"the split of '0' (vocab) {how}", "pass plan= with '0': 'replicate'",
+                     exception=ParallelizeProofError)
+        model = ts.nn.parallelize(build(), plan={"0": "replicate", "1": "vocab"})
+        assert type(model[1]).__name__ == "ParallelLinear", model
+        assert_close(model(ids).detach(), build()(ids).detach(), F64, f"{table.__name__} whole, head split")
+    # max_norm renormalises the rows a lookup reads, which the lookup beneath a subclass does not do.
+    model = torch.nn.Sequential(_RenormalisesRows(97, 8, max_norm=1.0), torch.nn.Linear(8, 97))
+    expect_error(lambda: ts.nn.parallelize(model, plan={"0": "vocab", "1": "vocab"}), "'0' (_RenormalisesRows)",
+                 "has max_norm=1.0", exception=ValueError)
     # T5's encoder and decoder embed_tokens share the 'shared' table: named in the auto plan, and following
     # a plan that names only 'shared' (before, they held its shard as a whole table: silently wrong).
     with warnings.catch_warnings():

@@ -7,9 +7,12 @@ An embedding may be an ``nn.Embedding`` subclass that post-processes the
 lookup (Gemma's ``embed_tokens`` multiplies it by sqrt(width)): it keeps its
 class and what it adds, and only the table lookup underneath becomes the
 vocabulary-parallel one (``VocabShardLookup``), so its own forward runs
-unchanged on the whole looked-up rows."""
-import inspect
-import re
+unchanged on the whole looked-up rows. Whether its forward does look up
+through ``super().forward`` is not read from its source: a forward that
+reads the table itself gets this rank's rows only, and the proof
+(proof.py) finds the vocabulary-parallel embedding's output differing from
+the whole one's and refuses the split, naming the plan that keeps it
+whole."""
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -62,32 +65,12 @@ def tied_vocabulary_holders(model: nn.Module, names: List[str]) -> List[str]:
             and id(module._parameters.get("weight")) in weights]
 
 
-_WEIGHT_READ = re.compile(r"self\.weight(?!\.(dtype|device)\b)")
-
-
-def _lookup_is_the_parents(cls: type) -> bool:
-    """Whether every forward an nn.Embedding subclass defines looks its rows up through super().forward
-    and reads the table only for its dtype or device (then a sharded lookup underneath serves it)."""
-    for klass in cls.__mro__:
-        if klass is nn.Embedding:
-            return True
-        if "forward" not in vars(klass):
-            continue
-        try:
-            source = inspect.getsource(vars(klass)["forward"])
-        except (OSError, TypeError):
-            return False
-        if "super().forward(" not in source or _WEIGHT_READ.search(source):
-            return False
-    return False
-
-
 def vocabulary_refusal(module: nn.Module, size: int) -> Optional[str]:
     if isinstance(module, nn.Embedding):
-        if type(module) is not nn.Embedding and (module.max_norm is not None or not _lookup_is_the_parents(
-                type(module))):
-            return (f"{type(module).__name__} overrides nn.Embedding's lookup (its forward reads the table itself), "
-                    f"so it cannot look up a shard of the rows")
+        if type(module) is not nn.Embedding and module.max_norm is not None:
+            # The lookup beneath a subclass (VocabShardLookup) does not renormalise rows as ParallelEmbedding does.
+            return (f"{type(module).__name__} has max_norm={module.max_norm}: its lookup renormalises the rows it "
+                    f"reads, which the vocabulary-parallel lookup beneath an nn.Embedding subclass does not do")
         rows = module.num_embeddings
     elif isinstance(module, nn.Linear):
         if type(module).forward is not nn.Linear.forward:
