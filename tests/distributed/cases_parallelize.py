@@ -554,13 +554,14 @@ def case_a_vocabulary_read_as_whole_is_refused_or_follows():
     # every rank, naming the embedding and the plan that keeps it whole (indexing past its shard raises;
     # reading all of it computes another output); that plan then gives the unsharded model's numbers.
     ids = torch.arange(96, 96 - 21, -1).reshape(3, 7)  # ids beyond every rank's own rows
-    for table, how in ((_ReadsItsTable, "raises on the probe batch"), (_AddsItsTableMean, "gives another output")):
+    for table, where in ((_ReadsItsTable, "raises on the probe batch that the whole model runs (in '0' (vocab): "
+                                          "IndexError"),
+                         (_AddsItsTableMean, "the split of '0' (vocab) gives another output")):
         def build():
             torch.manual_seed(0)
             return torch.nn.Sequential(table(97, 8), torch.nn.Linear(8, 97)).to(F64)
-        expect_error(lambda: ts.nn.parallelize(build(), plan={"0": "vocab", "1": "vocab"}),
-                     f"the split of '0' (vocab) {how}", "pass plan= with '0': 'replicate'",
-                     exception=ParallelizeProofError)
+        expect_error(lambda: ts.nn.parallelize(build(), plan={"0": "vocab", "1": "vocab"}), where,
+                     "pass plan= with '0': 'replicate' (", exception=ParallelizeProofError)
         model = ts.nn.parallelize(build(), plan={"0": "replicate", "1": "vocab"})
         assert type(model[1]).__name__ == "ParallelLinear", model
         assert_close(model(ids).detach(), build()(ids).detach(), F64, f"{table.__name__} whole, head split")

@@ -17,10 +17,11 @@ float16. Rounding stays far below these (summing in another order, and the float
 float64 models compute); every wrong split measured is far above (0.14 to 0.96).
 
 A mismatch raises ``ParallelizeProofError`` on every rank of the group, naming where it shows first:
-the first split module, in forward order, whose output differs (an attention, an MLP, the
-embedding), else the vocabulary path (the LM head and whatever the model's own forward does with
-its logits), else the parameters whose gradients differ; with the layout tried and the plan that
-leaves the module whole instead. The model is then partly split and must be built again.
+the first split module, in forward order, whose output differs (an attention, an MLP, the embedding)
+or in which the parallel model raised where the whole one ran (raised()), else the vocabulary path
+(the LM head and whatever the model's own forward does with its logits), else the parameters whose
+gradients differ; with the layout tried and the plan that leaves the module whole instead. The model
+is then partly split and must be built again.
 """
 import contextlib
 import inspect
@@ -272,11 +273,13 @@ class Record:
         self.module_outputs: Dict[str, torch.Tensor] = {}
         self.module_order: List[str] = []
         self.sketches: Dict[str, torch.Tensor] = {}  # name -> float64 [<g, R>, |g|^2]
+        self.entered: List[str] = []  # watched modules in the order their forwards began
 
 
 def _watch(modules: Dict[str, nn.Module], record: Record):
     handles = []
     for name, module in modules.items():
+        handles.append(module.register_forward_pre_hook(lambda mod, args, name=name: record.entered.append(name)))
         def hook(mod, args, output, name=name):
             if name not in record.module_outputs:
                 value = _first_floating(output)
@@ -289,11 +292,12 @@ def _watch(modules: Dict[str, nn.Module], record: Record):
 
 def run_probe(model: nn.Module, inputs: Tuple[tuple, dict], watched: Dict[str, nn.Module],
               sketch: Callable[[nn.Module, Record], Callable[[], None]],
-              output_context=contextlib.nullcontext) -> Record:
+              output_context=contextlib.nullcontext, record: Optional[Record] = None) -> Record:
     """Runs the probe batch through ``model`` (eval, then train with dropout off and a backward),
     without touching the caller's RNG streams or gradients. ``sketch(model, record)`` arms the
-    gradient sketches and returns what finishes them after the backward."""
-    record = Record()
+    gradient sketches and returns what finishes them after the backward. ``record``: the Record to
+    fill (the caller keeps what it saw before an exception), else a new one."""
+    record = Record() if record is None else record
     saved_grads = {id(p): p.grad for p in model.parameters()}
     for p in model.parameters():
         p.grad = None
@@ -487,14 +491,24 @@ def _tried(placement) -> str:
     return f"{placement.style} ({variant})" if variant else placement.style
 
 
-def raised(error: Exception) -> List[Tuple[str, str, float]]:
-    """compare()'s list for a parallel model that raised on the probe batch the whole model ran."""
-    return [("raised", f"{type(error).__name__}: {error}", float("inf"))]
+def raised(error: Exception, record: Optional[Record] = None) -> List[Tuple[str, str, float]]:
+    """compare()'s list for a parallel model that raised on the probe batch the whole model ran, with
+    ("raised in", module) where a watched split module was running then (the innermost: begun last, not
+    ended; an embedding subclass indexing its own table past its shard)."""
+    found = [("raised", f"{type(error).__name__}: {error}", float("inf"))]
+    running = [name for name in (record.entered if record else []) if name not in record.module_outputs]
+    return found + ([("raised in", running[-1], float("inf"))] if running else [])
 
 
-def _explain_raised(what: str, placements, split: bool) -> str:
-    projections = [p.name for p in placements if p.style in ("column", "row")]
-    replicate = projections or [p.name for p in placements if p.style != "vocab"]
+def _explain_raised(what: str, placements, split: bool, where: Optional[str] = None) -> str:
+    placement = _owner(where, placements) if where is not None else None
+    if placement is not None:  # every module of its kind reads its weights the same way: all stay whole
+        replicate = [p.name for p in placements if p.style == placement.style
+                     and type(p.module) is type(placement.module)] or [where]
+        what = f"in {where!r} ({_tried(placement)}): {what}"
+    else:
+        projections = [p.name for p in placements if p.style in ("column", "row")]
+        replicate = projections or [p.name for p in placements if p.style != "vocab"]
     state_now = ("The model is now partly split and cannot be used: build the model again and pass"
                  if split else "Nothing is split: pass")
     return (f"parallelize: the split model raises on the probe batch that the whole model runs ({what}): its "
@@ -510,7 +524,7 @@ def explain(failures: List[Tuple[str, str, float]], placements, dtype: torch.dty
     whether ``placements``' model was split already, or only its miniature was)."""
     kind, where, error = failures[0]
     if kind == "raised":
-        return _explain_raised(where, placements, split)
+        return _explain_raised(where, placements, split, next((w for k, w, _ in failures if k == "raised in"), None))
     replicate: List[str] = []
     if kind == "module":
         placement = _owner(where, placements)
