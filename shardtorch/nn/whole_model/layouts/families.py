@@ -1,7 +1,10 @@
 """The model families the layouts know, one entry each: the names of their
 projections, the attributes their attention keeps its head bookkeeping in,
 the class names that tell a layout the names cannot, and the attributes their
-forwards follow. Every layout reads this table and holds no names of its own.
+forwards follow. The layouts read their names from this table; what they
+still test in place is structure, and Hugging Face's general conventions
+(``pruned_heads``, a ``gate`` beside a fused projection, the
+``variance_epsilon`` of its RMS norms).
 
 To add an architecture: one ``Family`` below (or names added to the entry it
 shares them with), and one row in ``tests/distributed/zoo_models.py`` (ZOO),
