@@ -522,6 +522,9 @@ def explain(failures: List[Tuple[str, str, float]], placements, dtype: torch.dty
             sequence_parallel: bool, split: bool = True) -> str:
     """The error message: where the numbers differ first, what was tried, what to pass instead (``split``:
     whether ``placements``' model was split already, or only its miniature was)."""
+    if not failures:  # this rank's numbers agree; another rank's did not (each rank's error names its own)
+        return (f"parallelize: the split is not exact on another rank of the group (this rank's outputs and "
+                f"gradients agree within {bound:g}): see that rank's error for the module at fault")
     kind, where, error = failures[0]
     if kind == "raised":
         return _explain_raised(where, placements, split, next((w for k, w, _ in failures if k == "raised in"), None))
