@@ -1,6 +1,7 @@
 // shardtorch._C: the Python face of the C++ core, for what Python needs that the ops (in
 // torch.ops.shard) do not give, so that Python never re-implements it: the topology arithmetic;
-// group registration, timeouts and deferred checks; the exact initialisation of shards that the
+// group registration, timeouts and deferred checks; collectives by group name (for the Python
+// package's own traffic); the exact initialisation of shards that the
 // C++ layers share; the CPU memory tracker and the ops' buffers; and a few queries the tests read
 // (names starting with an underscore). The test doubles are a module of their own,
 // shardtorch._C_testing (testing_module.cpp).
@@ -10,6 +11,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "comm/registry.h"
+#include "python/collectives_binding.h"
 #include "ops/cpu/vector_isa.h"
 #include "ops/recycled_buffers.h"
 #include "ops/scratch_buffer.h"
@@ -71,6 +73,8 @@ PYBIND11_MODULE(_C, m) {
   // How many collectives later a CUDA communicator gives a deferred check's verdict.
   m.attr("_DEFERRED_CHECK_LAG") = shardtorch::comm::DeferredChecks::kDefaultLag;
   m.def("has_group", &shardtorch::comm::has_group, py::arg("name"));
+  // The Python package's own collectives (shardtorch/distributed/collectives.py).
+  shardtorch::python::bind_collectives(m);
   m.def("group_names", &shardtorch::comm::group_names);
   m.def(
       "group_timeout",
