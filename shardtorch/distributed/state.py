@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _C
+from . import collectives
 from .compile_cache import forget_rank_in_compile_caches, key_compile_caches_by_rank
 from .device_mesh import DeviceMesh, groups_from_mesh, mesh_from_groups
 from .elastic_store import elastic_store
@@ -165,7 +166,7 @@ def init_process_group(group_size: Optional[int] = None, backend: Optional[str] 
     state.ranks[WORLD] = list(range(world))
 
     for name, group in state.groups.items():
-        _C.register_group(name, group.group_name, state.ranks[name])
+        collectives.register_group(name, group, state.ranks[name])
     _state = state
     key_compile_caches_by_rank(rank, world, state.ranks)
     warn_if_groups_span_nodes(state.groups[WORLD], topology.tensor_parallel_groups())
@@ -189,7 +190,7 @@ def _init_from_mesh(mesh: DeviceMesh, group_size: Optional[int]) -> None:
     state.groups[DATA_PARALLEL], state.ranks[DATA_PARALLEL] = dp_group, dp_ranks
     state.groups[WORLD], state.ranks[WORLD] = dist.group.WORLD, list(range(world))
     for name, group in state.groups.items():
-        _C.register_group(name, group.group_name, state.ranks[name])
+        collectives.register_group(name, group, state.ranks[name])
     _state = state
     key_compile_caches_by_rank(rank, world, state.ranks)
 
@@ -223,7 +224,7 @@ def destroy_process_group(keep_torch_distributed: bool = False) -> None:
         deferred_error = None
     except RuntimeError as error:
         deferred_error = error
-    _C.clear_groups()
+    collectives.forget_groups()
     for name, group in _state.groups.items():
         if group is not dist.group.WORLD and _state.owns_groups and dist.is_initialized():
             try:
@@ -262,7 +263,7 @@ def register_group(name: str, group: dist.ProcessGroup, ranks: Optional[List[int
     if name in (TENSOR_PARALLEL, DATA_PARALLEL, WORLD):
         raise ValueError(f"register_group: {name!r} is reserved for shardtorch's own groups")
     ranks = list(ranks) if ranks is not None else dist.get_process_group_ranks(group)
-    _C.register_group(name, group.group_name, ranks)
+    collectives.register_group(name, group, ranks)
     state.groups[name], state.ranks[name] = group, ranks
     key_compile_caches_by_rank(dist.get_rank(), dist.get_world_size(), state.ranks)
 
