@@ -17,9 +17,8 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 import torch
-import torch.distributed as dist
 
-from ..distributed import state
+from ..distributed import collectives, state
 from ..utils.shard_specs import ShardSpec, named_parameter_shards, split_pieces
 from ..utils.shards import shard_range
 from .dtensor_entries import Spec, check_mesh, dtensor_spec
@@ -150,7 +149,7 @@ def _exchange_full_sizes(state_dict, specs: Dict[str, ShardSpec], group: str) ->
         local[row, 1:len(shape) + 1] = torch.tensor(shape, dtype=torch.int64)
     everyone = [torch.empty_like(local) for _ in range(size)]
     # The group's CPU process group is Gloo (shardtorch registers one for every group).
-    dist.all_gather(everyone, local, group=state.get_group(group))
+    collectives.all_gather(everyone, local, group=state.get_group(group))
     every_shape = torch.stack(everyone)  # [group rank, entry, 1 + dims]
     result = {}
     for column, key in enumerate(keys):

@@ -7,7 +7,7 @@ from typing import Dict, List, Optional
 import torch
 import torch.distributed as dist
 
-from ..distributed import state
+from ..distributed import collectives, state
 from . import sharded_format as fmt
 from .dtensor_entries import whole_shard
 from .layout import EntryLayout, model_layout
@@ -80,7 +80,7 @@ def save_sharded(model: torch.nn.Module, path: str, state_dict: Optional[dict] =
             commit_error = f"save_sharded: committing {directory} failed: {type(e).__name__}: {e}"
     box = [commit_error]
     if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.broadcast_object_list(box, src=0)
+        collectives.broadcast_object_list(box, src=0)
     if box[0]:
         raise SaveFailedError(box[0])
     return version
@@ -89,7 +89,7 @@ def save_sharded(model: torch.nn.Module, path: str, state_dict: Optional[dict] =
 def _agree_on_version() -> str:
     box = [fmt.new_version_name()]
     if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.broadcast_object_list(box, src=0)
+        collectives.broadcast_object_list(box, src=0)
     return box[0]
 
 
@@ -97,7 +97,7 @@ def _all_gather_objects(value) -> List:
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return [value]
     values = [None] * dist.get_world_size()
-    dist.all_gather_object(values, value)
+    collectives.all_gather_object(values, value)
     return values
 
 

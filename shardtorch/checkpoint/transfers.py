@@ -5,9 +5,8 @@ every rank calls it for the same entries in the same order."""
 from typing import Optional
 
 import torch
-import torch.distributed as dist
 
-from ..distributed import state
+from ..distributed import collectives, state
 from .layout import EntryLayout
 
 
@@ -36,7 +35,7 @@ def gather_everywhere(tensor: torch.Tensor, entry: EntryLayout) -> torch.Tensor:
         else:
             buffer = tensor.detach().contiguous() if peer == rank else torch.empty(
                 shape, dtype=tensor.dtype, device=tensor.device)
-        dist.broadcast(buffer, peer, group=process_group)
+        collectives.broadcast(buffer, peer, group=process_group)
         if not in_place:
             entry.place(full, buffer, group_rank)
     return full
@@ -50,7 +49,7 @@ def gather_to(tensor: torch.Tensor, entry: EntryLayout, dst: int) -> Optional[to
     rank = state.get_rank()
     if rank != dst:
         if tensor.numel() > 0:  # an empty shard has nothing to send
-            dist.send(tensor.detach().contiguous(), dst)
+            collectives.send(tensor.detach().contiguous(), dst)
         return None
     full = torch.empty(entry.full_shape, dtype=tensor.dtype, device=tensor.device)
     for group_rank, peer in enumerate(members):
@@ -61,10 +60,10 @@ def gather_to(tensor: torch.Tensor, entry: EntryLayout, dst: int) -> Optional[to
             continue
         elif entry.dim == 0 and entry.contiguous:
             offset, length = entry.slice_of(group_rank)
-            dist.recv(full.narrow(0, offset, length), peer)  # rows of a contiguous tensor: receive in place
+            collectives.recv(full.narrow(0, offset, length), peer)  # rows of a contiguous tensor: receive in place
         else:
             buffer = torch.empty(shape, dtype=tensor.dtype, device=tensor.device)
-            dist.recv(buffer, peer)
+            collectives.recv(buffer, peer)
             entry.place(full, buffer, group_rank)
     return full
 
@@ -87,12 +86,12 @@ def scatter_slices(full: Optional[torch.Tensor], entry: EntryLayout, dtype: torc
                     shares = piece.untyped_storage().data_ptr() == full.untyped_storage().data_ptr()
                     mine = piece.clone() if shares else piece
                 elif piece.numel() > 0:
-                    dist.send(piece, peer)
+                    collectives.send(piece, peer)
             del piece
         return mine
     buffer = torch.empty(entry.local_shape, dtype=dtype, device=device)
     if buffer.numel() > 0:
-        dist.recv(buffer, src)
+        collectives.recv(buffer, src)
     return buffer
 
 
@@ -105,7 +104,7 @@ def broadcast_whole(full: Optional[torch.Tensor], entry: EntryLayout, dtype: tor
     else:
         tensor = torch.empty(entry.full_shape, dtype=dtype, device=entry.device)
     if state.get_world_size() > 1 and tensor.numel() > 0:
-        dist.broadcast(tensor, src)
+        collectives.broadcast(tensor, src)
     return tensor
 
 

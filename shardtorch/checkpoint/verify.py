@@ -9,6 +9,8 @@ from typing import Dict, List, Optional, Type
 import torch
 import torch.distributed as dist
 
+from ..distributed import collectives
+
 from .layout import EntryLayout
 
 DDP_PREFIX = "module."
@@ -63,7 +65,7 @@ def broadcast_verdict(verdict: Optional[object], src: int, what: str,
     rank; raises ``error`` everywhere when it is an error."""
     box = [verdict]
     if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.broadcast_object_list(box, src=src)
+        collectives.broadcast_object_list(box, src=src)
     verdict = box[0]
     if isinstance(verdict, str):
         raise error(f"{what}: {verdict}")
@@ -78,7 +80,7 @@ def agree_on_problems(problem: Optional[str], prefix: str,
     verdicts = [problem]
     if dist.is_initialized() and dist.get_world_size() > 1:
         verdicts = [None] * dist.get_world_size()
-        dist.all_gather_object(verdicts, problem)
+        collectives.all_gather_object(verdicts, problem)
     bad = [(rank, verdict) for rank, verdict in enumerate(verdicts) if verdict]
     if bad:
         raise error(prefix + "; ".join(f"rank {rank}: {verdict}" for rank, verdict in bad))

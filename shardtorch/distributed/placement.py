@@ -16,6 +16,8 @@ from typing import Dict, List, Optional, Sequence
 
 import torch.distributed as dist
 
+from . import collectives
+
 
 class PlacementWarning(UserWarning):
     """A tensor-parallel group spans more than one node."""
@@ -72,7 +74,7 @@ def warn_if_groups_span_nodes(world_group: dist.ProcessGroup, groups: Sequence[S
     if world == 1 or len(groups[0]) == 1:
         return
     nodes: List[Optional[str]] = [None] * world
-    dist.all_gather_object(nodes, node_of_this_process(), group=world_group)
+    collectives.all_gather_object(nodes, node_of_this_process(), group=world_group)
     message = describe_spanning_groups(nodes, groups)
     if message is None or dist.get_rank() != 0 or message in _warned:
         return

@@ -4,8 +4,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-import torch.distributed as dist
 
+from ..distributed import collectives
 from ..distributed.state import TENSOR_PARALLEL, get_group
 from ..utils.parallel_dim import get_parallel_full_size, is_sharded_on_last_dim, register_parallel_dim
 from .parallel.plain_ddp import check_active_ddp
@@ -41,7 +41,7 @@ def parallel_embedding(input: torch.Tensor, weight: torch.Tensor, padding_idx: O
     full_size = num_embeddings if split == 0 else None
     if full_size is None:
         local = torch.tensor([weight.shape[split]], dtype=torch.int64)
-        dist.all_reduce(local, group=get_group(group))
+        collectives.all_reduce(local, group=get_group(group))
         full_size = int(local)
     if max_norm is not None:
         with torch.no_grad():

@@ -17,9 +17,9 @@ CPU, then moved): see ``draw_on_cpu_``.
 from typing import Callable, Optional
 
 import torch
-import torch.distributed as dist
 
 from .. import _C
+from ..distributed import collectives
 from ..distributed import state
 from ..utils.parallel_dim import PARALLEL_DIM_ATTR, parameter_split_dim
 from ..utils.shards import shard_range
@@ -85,13 +85,13 @@ def shard_init_helper_(init_method: Callable[..., object], tensor: torch.Tensor,
     rank, size = state.get_group_rank(), state.get_group_size()
     if split is not None:
         local = torch.tensor([shape[split]], dtype=torch.int64)
-        dist.all_reduce(local, group=state.get_group())
+        collectives.all_reduce(local, group=state.get_group())
         shape[split] = int(local)
     with torch.no_grad():
         full = torch.empty(shape, dtype=tensor.dtype, device=tensor.device)
         init_method(full, **kwargs)
         if state.get_world_size() > 1:
-            dist.broadcast(full, src=0)
+            collectives.broadcast(full, src=0)
         if split is not None:
             start, stop = shard_range(shape[split], size, rank)
             full = full.narrow(split, start, stop - start)

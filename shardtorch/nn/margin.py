@@ -8,11 +8,10 @@ import math
 from typing import Optional, Sequence
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from .. import _C
-from ..distributed import state
+from ..distributed import collectives, state
 from ..utils.fsdp_detection import is_dtensor, is_fsdp_module
 from ..utils.parallel_dim import set_attribute
 from ..utils.shard_facts import register_shard
@@ -191,10 +190,10 @@ def _targets_of_every_replica(labels: torch.Tensor, ignore_index: int) -> torch.
     size = state.get_data_parallel_size()
     count = torch.tensor([labels.numel()], device=labels.device)
     counts = [torch.empty_like(count) for _ in range(size)]
-    dist.all_gather(counts, count, group=group)
+    collectives.all_gather(counts, count, group=group)
     longest = int(torch.stack(counts).max())  # one host read, not one per replica
     padded = torch.full((longest,), ignore_index, dtype=labels.dtype, device=labels.device)
     padded[:labels.numel()] = labels
     gathered = [torch.empty_like(padded) for _ in range(size)]
-    dist.all_gather(gathered, padded, group=group)
+    collectives.all_gather(gathered, padded, group=group)
     return torch.cat(gathered)

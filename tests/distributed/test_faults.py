@@ -47,6 +47,7 @@ def test_debug_mode_names_the_rank_that_disagrees():
         assert line["sum_ok"] == 12.0
         assert line["error"] and "SHARDTORCH_DEBUG" in line["error"], line
         assert "global rank 1 calls all_reduce of Float [2, 4]" in line["error"], line["error"]
+        assert "global rank 1 calls broadcast of Float [4]" in line["layer_error"], line["layer_error"]
         assert line["same_targets_loss"] > 0
         for name, error in line["target_errors"].items():
             assert error is not None, f"{name}: differing targets passed"

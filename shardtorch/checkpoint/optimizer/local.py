@@ -11,7 +11,7 @@ from typing import List, Optional
 
 import torch.distributed as dist
 
-from ...distributed import state
+from ...distributed import collectives, state
 from ..dtensor_entries import whole_shard
 from .checks import agree, compare_descriptions, describe
 from .forms import StateDictFormError, flattened_hint, indexed, is_fqn_keyed
@@ -90,7 +90,7 @@ def local_and_agreed(optimizer, params: OptimizerParams, receivers: Optional[Lis
     descriptions = [description]
     if dist.is_initialized() and dist.get_world_size() > 1:
         descriptions = [None] * dist.get_world_size()
-        dist.all_gather_object(descriptions, description)
+        collectives.all_gather_object(descriptions, description)
     present = [(rank, d) for rank, d in enumerate(descriptions) if d is not None]
     compare_descriptions([d for _, d in present], what, [rank for rank, _ in present])
     return local, description

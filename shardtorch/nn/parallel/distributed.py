@@ -7,6 +7,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
+from ...distributed import collectives
 from ...distributed import state
 from ...utils.fsdp_detection import fully_sharded_part
 from .sharded_gradients import ShardedGradientAverager
@@ -103,4 +104,4 @@ def _broadcast_from_first_rank(tensors: List[torch.Tensor], group: dist.ProcessG
         return
     source = dist.get_global_rank(group, 0)
     for tensor in tensors:
-        dist.broadcast(tensor.data, src=source, group=group)
+        collectives.broadcast(tensor.data, src=source, group=group)

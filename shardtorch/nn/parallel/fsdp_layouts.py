@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from ...distributed import collectives
 from ...distributed import state
 from ...utils.fsdp_detection import fully_sharded_part
 from ...utils.shard_facts import named_parameter_shards, register_shard, registered_shards
@@ -145,7 +146,7 @@ def _record_tensor_marks(model: nn.Module, what: str) -> None:
         if spec.full_size is not None or short in registered_shards(owner):
             continue
         size = torch.tensor([parameter.shape[spec.dim]], dtype=torch.int64)
-        dist.all_reduce(size, group=state.get_group(spec.group))
+        collectives.all_reduce(size, group=state.get_group(spec.group))
         register_shard(owner, short, spec.dim, int(size.item()), spec.group)
 
 

@@ -25,6 +25,8 @@ import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from ...distributed import collectives
+
 
 class ShardedGradientAverager:
     """Hooks that average ``parameters``' gradients over ``group`` after each
@@ -92,6 +94,6 @@ class ShardedGradientAverager:
             flat = _flatten_dense_tensors(bucket)
             # Divide first, as DDP does, so that a float16 sum cannot overflow.
             flat.div_(self.group_size)
-            dist.all_reduce(flat, group=self.group)
+            collectives.all_reduce(flat, group=self.group)
             for grad, averaged in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
                 grad.copy_(averaged)

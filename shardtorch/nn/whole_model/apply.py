@@ -5,6 +5,7 @@ from typing import Dict, List, Tuple, Union
 import torch
 from torch import nn
 
+from ...distributed import collectives
 from ...distributed import state
 from ...distributed import mappings
 from ...utils.shard_facts import named_parameter_shards, registered_shards
@@ -267,7 +268,7 @@ def _bytes_per_rank(local: int, group: str, size: int) -> List[int]:
         return [local]
     mine = torch.tensor([local], dtype=torch.int64)
     everyone = [torch.zeros_like(mine) for _ in range(size)]
-    torch.distributed.all_gather(everyone, mine, group=state.get_group(group))
+    collectives.all_gather(everyone, mine, group=state.get_group(group))
     return [int(t) for t in everyone]
 
 

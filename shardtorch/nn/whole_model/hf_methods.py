@@ -24,9 +24,9 @@ import tempfile
 from typing import Dict
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
+from ...distributed import collectives
 from ...checkpoint.pretrained_save import save_pretrained as _save_unsharded
 from ...checkpoint.verify import agree_on_problems
 
@@ -93,7 +93,7 @@ def _check_same_generation(model, args, kwargs) -> None:
                                  getattr(model, "generation_config", None)]),
             "random state (sampling)": _digest(torch.get_rng_state()) if sampling else ""}
     everyone = [None] * state.get_group_size(group)
-    dist.all_gather_object(everyone, mine, group=state.get_group(group))
+    collectives.all_gather_object(everyone, mine, group=state.get_group(group))
     differ = [what for what in mine if len({str(rank[what]) for rank in everyone}) > 1]
     if differ:
         raise ValueError(

@@ -10,9 +10,9 @@ model's first training forward; ``TensorParallelTrainer`` at its first step."""
 import hashlib
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
+from ...distributed import collectives
 from ...distributed import state
 
 
@@ -44,7 +44,7 @@ def check_inputs_agree(who: str, group: str, inputs, fix: str) -> None:
         return
     mine = torch.tensor([inputs_digest(inputs)], dtype=torch.int64)
     everyone = [torch.empty_like(mine) for _ in range(size)]
-    dist.all_gather(everyone, mine, group=state.get_group(group))
+    collectives.all_gather(everyone, mine, group=state.get_group(group))
     differ = [rank for rank, digest in enumerate(everyone) if int(digest) != int(everyone[0])]
     if differ:
         raise ValueError(f"{who}: the ranks of tensor-parallel group {group!r} were given different inputs (group "

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ...distributed import collectives
 from ...distributed import state
 from . import proof
 from .plan import Placement, resolve
@@ -206,7 +207,7 @@ def _agreed_failure(failed: bool, group: str) -> bool:
     if state.get_group_size(group) == 1:
         return failed
     flag = torch.tensor([float(failed)], dtype=torch.float64)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=state.get_group(group))
+    collectives.all_reduce(flag, op="max", group=state.get_group(group))
     return bool(flag.item())
 
 

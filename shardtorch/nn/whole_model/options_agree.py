@@ -10,8 +10,8 @@ import hashlib
 from typing import Dict, Optional
 
 import torch
-import torch.distributed as dist
 
+from ...distributed import collectives
 from ...distributed import state
 
 _checked_group: Optional[str] = None
@@ -36,12 +36,12 @@ def check_options_agree(who: str, group: str, options: Dict[str, object]) -> Non
     process_group = state.get_group(group)
     mine = torch.tensor([_digest(value) for value in options.values()], dtype=torch.int64)
     everyone = [torch.empty_like(mine) for _ in range(size)]
-    dist.all_gather(everyone, mine, group=process_group)
+    collectives.all_gather(everyone, mine, group=process_group)
     differ = [name for i, name in enumerate(options) if any(int(d[i]) != int(everyone[0][i]) for d in everyone)]
     if not differ:
         return
     values = [None] * size  # every rank found the same options differing: all of them take part
-    dist.all_gather_object(values, {name: repr(options[name]) for name in differ}, group=process_group)
+    collectives.all_gather_object(values, {name: repr(options[name]) for name in differ}, group=process_group)
     per_option = [f"{name}: " + ", ".join(f"{v[name]} on group rank {r}" for r, v in enumerate(values))
                   for name in differ]
     raise ValueError(f"{who}: every rank of group {group!r} must pass the same {', '.join(differ)}; got "

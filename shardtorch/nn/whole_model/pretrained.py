@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ...distributed import collectives
 from ...checkpoint.pretrained_files import checkpoint_entries
 from ...checkpoint.safetensors_read import map_run, read_pieces
 from ...distributed import state
@@ -191,7 +192,7 @@ def _agreed(work, who: str):
     problems = [None if error is None else f"{type(error).__name__}: {error}"]
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         problems = [None] * dist.get_world_size()
-        dist.all_gather_object(problems, None if error is None else f"{type(error).__name__}: {error}")
+        collectives.all_gather_object(problems, None if error is None else f"{type(error).__name__}: {error}")
     if error is not None:
         raise error
     failed = [(rank, problem) for rank, problem in enumerate(problems) if problem]
@@ -205,7 +206,7 @@ def _agreed_generator() -> torch.Generator:
     default generator (so ``torch.manual_seed`` before loading decides it)."""
     seed = torch.randint(0, 2**62, (1,), dtype=torch.int64)
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.broadcast(seed, src=0)
+        collectives.broadcast(seed, src=0)
     return torch.Generator().manual_seed(int(seed))
 
 

@@ -29,9 +29,9 @@ import zlib
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
+from ...distributed import collectives
 from ...distributed import state
 
 #: Relative (Frobenius) error bound per parameter dtype (module docstring).
@@ -378,7 +378,7 @@ def parallel_sketch(layouts: Dict[str, object], group: str) -> Callable[[nn.Modu
                 return
             packed = torch.stack([sharded.get(name, torch.zeros(2, dtype=torch.float64)) for name in names])
             if state.get_group_size(group) > 1:
-                dist.all_reduce(packed, group=state.get_group(group))
+                collectives.all_reduce(packed, group=state.get_group(group))
             for name, values in zip(names, packed):
                 record.sketches[name] = values
         return finish
@@ -454,7 +454,7 @@ def agree_before_split(record: Optional[Record], group: str) -> None:
         digest = sum(o.to(torch.float64).pow(2).sum().item() for o in record.eval_outputs)
     mine = torch.tensor([float(record is not None), digest], dtype=torch.float64)
     everyone = [torch.zeros_like(mine) for _ in range(size)]
-    dist.all_gather(everyone, mine, group=state.get_group(group))
+    collectives.all_gather(everyone, mine, group=state.get_group(group))
     proving = [bool(t[0].item()) for t in everyone]
     if len(set(proving)) > 1:
         raise ValueError(f"parallelize: the ranks of group {group!r} disagree about proving the split (by group "
@@ -472,7 +472,7 @@ def agree_on_error(error: float, group: str) -> float:
     if state.get_group_size(group) == 1:
         return error
     value = torch.tensor([min(error, 1e300)], dtype=torch.float64)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=state.get_group(group))
+    collectives.all_reduce(value, op="max", group=state.get_group(group))
     return value.item()
 
 

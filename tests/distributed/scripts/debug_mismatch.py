@@ -9,6 +9,7 @@ import os
 import torch
 
 import shardtorch as ts
+from shardtorch.distributed import collectives
 
 ts.distributed.init_process_group(group_size=int(os.environ["WORLD_SIZE"]))
 rank = ts.distributed.get_rank()
@@ -19,6 +20,13 @@ try:
     error = None
 except RuntimeError as e:
     error = str(e)
+
+# The package's own collectives (checkpoints, the loader's verdicts) are checked the same way.
+try:
+    collectives.broadcast(torch.ones(columns), src=0)
+    layer_error = None
+except RuntimeError as e:
+    layer_error = str(e)
 
 size = ts.distributed.get_group_size()
 logits = torch.randn(5, ts._C.shard_size(11, size, ts.distributed.get_group_rank()))
@@ -37,6 +45,6 @@ for name, call in {
         target_errors[name] = None
     except RuntimeError as e:
         target_errors[name] = str(e)
-print(json.dumps({"rank": rank, "sum_ok": ok.sum().item(), "error": error, "same_targets_loss": same.item(),
+print(json.dumps({"rank": rank, "sum_ok": ok.sum().item(), "error": error, "layer_error": layer_error, "same_targets_loss": same.item(),
                   "target_errors": target_errors}), flush=True)
 ts.distributed.destroy_process_group()
