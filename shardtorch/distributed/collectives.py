@@ -1,6 +1,7 @@
 """The one collective layer of the Python package: every collective that shardtorch/ makes outside
-the shard ops (checkpoints, the loader's verdicts, the init replay, the FSDP layouts, the gradient
-hooks, the proof's agreements) goes through the functions below, with torch.distributed's
+the shard ops (checkpoint transfers and verdicts, the loader's and the proof's agreements, the
+layers' initial broadcast in nn/init.py, the FSDP layouts, the sharded-gradient hook, the margin
+loss's replica labels, the placement check) goes through the functions below, with torch.distributed's
 signatures (ranks ``src`` and ``dst`` are global ranks; ``group`` is a ProcessGroup or None), plus
 a shardtorch group's name for ``group``. tests/unit/test_one_collective_layer.py holds the rule
 that no other module of shardtorch/ calls a torch.distributed collective.
