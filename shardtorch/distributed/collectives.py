@@ -21,6 +21,10 @@ What goes where:
 - Anything else goes to torch.distributed unchanged: calls made before ``init_process_group`` or
   after ``destroy_process_group`` (the checkpoint functions under a plain torch.distributed), and
   a ProcessGroup shardtorch was never given.
+- Not here: the collectives torch's own code makes when shardtorch calls it (DDP's reducer, FSDP2,
+  DTensor's ``full_tensor`` / ``distribute_tensor`` in checkpoint/dtensor_entries.py, DCP's
+  ``save`` / ``load``, ZeroRedundancyOptimizer's ``consolidate_state_dict``): they run on c10d's
+  backends of the same groups (docs/cuda.md, "One collective layer").
 
 Object collectives pickle into uint8 tensors and move them with the tensor collectives above
 (each rank's length first, one int64 per rank, then the bytes padded to the longest), on the CPU
