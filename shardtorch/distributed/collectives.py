@@ -1,6 +1,6 @@
 """The one collective layer of the Python package: every collective that shardtorch/ makes outside
 the shard ops (checkpoint transfers and verdicts, the loader's and the proof's agreements, the
-layers' initial broadcast in nn/init.py, the FSDP layouts, the sharded-gradient hook, the margin
+layers' initial broadcast in nn/init.py, the adapter save's barrier, the FSDP layouts, the sharded-gradient hook, the margin
 loss's replica labels, the placement check) goes through the functions below, with torch.distributed's
 signatures (ranks ``src`` and ``dst`` are global ranks; ``group`` is a ProcessGroup or None), plus
 a shardtorch group's name for ``group``. tests/unit/test_one_collective_layer.py holds the rule
@@ -30,7 +30,7 @@ Object collectives pickle into uint8 tensors and move them with the tensor colle
 (each rank's length first, one int64 per rank, then the bytes padded to the longest), on the CPU
 where the group has a CPU backend, else on the current CUDA device. ``all_reduce(op="max")`` is an
 all-gather and a max on every rank: the communicators only sum, and the maxima here are flags and
-errors of one element. all_gather, broadcast, send and recv move tensors of dtypes the
+errors of one element. ``barrier`` is an all-reduce of one element that the host reads. all_gather, broadcast, send and recv move tensors of dtypes the
 communicators lack (bool buffers, complex, float8) as their bytes.
 """
 import pickle
@@ -162,6 +162,17 @@ def recv(tensor: torch.Tensor, src: int, group: Group = None) -> None:
         return
     peer = _group_rank(name, src, "recv", "src")
     _in_place(tensor, lambda work: _C.recv(_movable(work), peer, name))
+
+
+def barrier(group: Group = None) -> None:
+    """Returns once every rank of the group has called it."""
+    name = _name_of(group, "barrier")
+    if name is None:
+        dist.barrier(group=group)
+        return
+    token = torch.zeros(1, device=_object_device(name))
+    _C.all_reduce(token, name)
+    token.item()  # on CUDA the all-reduce only orders the stream: the host waits for it here
 
 
 def _object_device(name: str) -> torch.device:

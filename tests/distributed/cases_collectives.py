@@ -3,6 +3,8 @@ call gives torch.distributed's result over every kind of group it may be given (
 its ProcessGroup, None for the world), with torch.distributed's global ranks for src and dst, and
 goes through the shard ops' communicators (seen by the shared-memory transport that only they have)."""
 import os
+import tempfile
+import time
 
 import torch
 import torch.distributed as dist
@@ -10,6 +12,7 @@ import torch.distributed as dist
 import shardtorch as ts
 from shardtorch.distributed import collectives
 from shardtorch.distributed import state
+from tests.distributed.harness import scratch_dir
 
 
 def _value(rank: int, shape=(2, 3)) -> torch.Tensor:
@@ -85,6 +88,19 @@ def case_object_collectives_carry_any_picklable_value():
         box = [f"from {rank}", rank]
         collectives.broadcast_object_list(box, src=ranks[-1], group=group)
         assert box == [f"from {ranks[-1]}", ranks[-1]], (group, box)
+
+
+def case_barrier_waits_for_every_rank():
+    """Rank 0 writes a file late, then joins the barrier: every rank finds it after its own barrier."""
+    for index, (group, ranks) in enumerate(_groups()):
+        marker = os.path.join(scratch_dir(), f"barrier-{ts.distributed.get_world_size()}-{index}-{ranks[0]}")
+        if ts.distributed.get_rank() == ranks[0]:
+            time.sleep(0.2)
+            with tempfile.NamedTemporaryFile("w", dir=scratch_dir(), delete=False) as f:
+                f.write("here")
+            os.replace(f.name, marker)
+        collectives.barrier(group=group)
+        assert os.path.exists(marker), (group, ranks)
 
 
 def case_they_go_through_the_shard_ops_communicators():

@@ -13,6 +13,7 @@ from torch import nn
 
 from ...checkpoint.layout import model_layout
 from ...checkpoint.transfers import gather_to
+from ...distributed import collectives
 from ...distributed import state
 
 
@@ -58,7 +59,7 @@ def save_adapter(peft_model: nn.Module, save_directory: str, **kwargs) -> None:
         os.makedirs(save_directory, exist_ok=True)
         peft_model.save_pretrained(save_directory, state_dict=whole, is_main_process=True, **kwargs)
     if torch.distributed.is_initialized():
-        torch.distributed.barrier()  # the files exist on every rank's return
+        collectives.barrier()  # the files exist on every rank's return
 
 
 def route_save_pretrained(peft_model: nn.Module) -> None:
