@@ -18,6 +18,8 @@ What goes where:
   ones); CPU tensors through the group's CPU process group (Gloo), or, up to 1 MiB per rank among
   ranks of one host, the shared-memory segment; under ``SHARDTORCH_DEBUG=1`` every rank first
   checks that all call the same collective with the same sizes.
+- ``send`` and ``recv`` of CUDA tensors go to torch.distributed (c10d's NCCL communicator per pair
+  of ranks; why: ``_point_to_point_group``).
 - Anything else goes to torch.distributed unchanged: calls made before ``init_process_group`` or
   after ``destroy_process_group`` (the checkpoint functions under a plain torch.distributed), and
   a ProcessGroup shardtorch was never given.
@@ -145,11 +147,22 @@ def broadcast(tensor: torch.Tensor, src: int, group: Group = None) -> None:
     _in_place(tensor, lambda work: _C.broadcast(_movable(work), root, name))
 
 
+def _point_to_point_group(group: Group, name: Optional[str]) -> Optional[dist.ProcessGroup]:
+    """The ProcessGroup torch.distributed takes for ``group``.
+
+    Why CUDA send/recv go there: shardtorch's NCCL communicator of a group is created by every rank
+    of the group at its first CUDA collective on that device (ncclCommInitRank waits for all of
+    them), but a point-to-point transfer involves two: the checkpoint transfers' sends to rank 0
+    over the world, which the ranks of other tensor-parallel groups never join, would wait forever
+    for that creation. c10d makes a communicator per pair of ranks for them instead."""
+    return _groups[name][0] if isinstance(group, str) else group
+
+
 def send(tensor: torch.Tensor, dst: int, group: Group = None) -> None:
     """Sends ``tensor`` to global rank ``dst``, which receives it with ``recv``."""
     name = _name_of(group, "send")
-    if name is None:
-        dist.send(tensor, dst, group=group)
+    if name is None or tensor.is_cuda:  # CUDA: c10d's pairwise communicators (_point_to_point_group)
+        dist.send(tensor, dst, group=_point_to_point_group(group, name))
         return
     _C.send(_movable(tensor.contiguous()), _group_rank(name, dst, "send", "dst"), name)
 
@@ -157,8 +170,8 @@ def send(tensor: torch.Tensor, dst: int, group: Group = None) -> None:
 def recv(tensor: torch.Tensor, src: int, group: Group = None) -> None:
     """``tensor`` becomes what global rank ``src`` sends, in place."""
     name = _name_of(group, "recv")
-    if name is None:
-        dist.recv(tensor, src, group=group)
+    if name is None or tensor.is_cuda:
+        dist.recv(tensor, src, group=_point_to_point_group(group, name))
         return
     peer = _group_rank(name, src, "recv", "src")
     _in_place(tensor, lambda work: _C.recv(_movable(work), peer, name))
