@@ -1,10 +1,11 @@
 """The one collective layer of the Python package: every collective that shardtorch/ makes outside
 the shard ops (checkpoint transfers and verdicts, the loader's and the proof's agreements, the
-layers' initial broadcast in nn/init.py, the adapter save's barrier, the FSDP layouts, the sharded-gradient hook, the margin
-loss's replica labels, the placement check) goes through the functions below, with torch.distributed's
-signatures (ranks ``src`` and ``dst`` are global ranks; ``group`` is a ProcessGroup or None), plus
-a shardtorch group's name for ``group``. tests/unit/test_one_collective_layer.py holds the rule
-that no other module of shardtorch/ calls a torch.distributed collective.
+layers' initial broadcast in nn/init.py, the adapter save's barrier, the logits' shard service's
+addresses, the FSDP layouts, the sharded-gradient hook, the margin loss's replica labels, the
+placement check) goes through the functions below, with torch.distributed's signatures (ranks
+``src`` and ``dst`` are global ranks; ``group`` is a ProcessGroup or None), plus a shardtorch
+group's name for ``group``. tests/unit/test_one_collective_layer.py holds the rule that no other
+module of shardtorch/ calls a torch.distributed collective.
 
 What goes where:
 
@@ -32,8 +33,9 @@ Object collectives pickle into uint8 tensors and move them with the tensor colle
 (each rank's length first, one int64 per rank, then the bytes padded to the longest), on the CPU
 where the group has a CPU backend, else on the current CUDA device. ``all_reduce(op="max")`` is an
 all-gather and a max on every rank: the communicators only sum, and the maxima here are flags and
-errors of one element. ``barrier`` is an all-reduce of one element that the host reads. all_gather, broadcast, send and recv move tensors of dtypes the
-communicators lack (bool buffers, complex, float8) as their bytes.
+errors of one element. ``barrier`` is an all-reduce of one element that the host reads.
+all_gather, broadcast, send and recv move tensors of dtypes the communicators lack (bool buffers,
+complex, float8) as their bytes.
 """
 import pickle
 from typing import Dict, List, Optional, Tuple, Union

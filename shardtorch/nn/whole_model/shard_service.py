@@ -30,6 +30,7 @@ from typing import Dict, List, Optional, Set
 import torch
 import torch.distributed as dist
 
+from ...distributed import collectives
 from ...distributed import state
 
 _REQUEST = struct.Struct("<qqq")  # (what, output number, the asking group rank)
@@ -194,7 +195,7 @@ def service_for(group: str) -> Optional[ShardService]:
         listener.listen(64)
         mine = (socket.gethostname(), _boot_id(), address)
         everyone = [None] * dist.get_world_size(process_group)
-        dist.all_gather_object(everyone, mine, group=process_group)
+        collectives.all_gather_object(everyone, mine, group=process_group)
         if len({(host, boot) for host, boot, _ in everyone}) != 1:
             listener.close()
             _SERVICES[key] = None
