@@ -15,7 +15,7 @@
 """
 from .collect import collect_state_dict
 from .dcp import dcp_state_dict, load_dcp, save_dcp
-from .pretrained_save import SavePretrainedError, save_pretrained
+from ..pretrained.save import SavePretrainedError, save_pretrained  # the home of loading and saving pretrained models
 from .optimizer import (OptimizerStateMismatchError, collect_optimizer_state_dict,
                         load_sharded_optimizer_state_dict, relocate_optimizer_state_dict)
 from .relocate import relocate_state_dict

@@ -6,7 +6,7 @@ import warnings
 import pytest
 import torch
 
-from shardtorch.checkpoint.original_format import saved_entries
+from shardtorch.pretrained.original_format import saved_entries
 
 transformers = pytest.importorskip("transformers")
 loading = pytest.importorskip("transformers.core_model_loading")

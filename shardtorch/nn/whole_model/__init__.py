@@ -10,9 +10,9 @@ hf_methods.py (save_pretrained, push_to_hub and generate of a parallelized
 Hugging Face model), apply.py (``parallelize``), left_whole.py (what stays
 whole), report.py (``verbose``), lora.py, lora_layers.py and adapter_save.py
 (peft's LoRA on the split projections); pretrained.py (``from_pretrained``,
-``from_config``: models no rank holds whole) with model_source.py,
-meta_build.py, checkpoint_keys.py, materialize.py and init_replay.py. See docs/parallelize.md and
-docs/pretrained.md.
+``from_config``: models no rank holds whole; here because they call
+``parallelize``, their steps in shardtorch/pretrained/ beside
+``save_pretrained``). See docs/parallelize.md and docs/pretrained.md.
 """
 from .apply import parallelize
 from .left_whole import unplaced

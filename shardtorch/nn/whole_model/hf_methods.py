@@ -3,7 +3,7 @@
 - ``save_pretrained`` and ``push_to_hub`` write the unsharded model's
   checkpoint: transformers' own would write this rank's shards as if they
   were whole tensors (a checkpoint nothing can load); these go through
-  ``shardtorch.checkpoint.pretrained_save``.
+  ``shardtorch.pretrained.save``.
 - ``generate`` first checks, once, that every rank of the tensor-parallel
   group was given the same prompts, the same settings and (when it samples)
   the same random state: each rank computes the whole logits and picks its
@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from ...distributed import collectives
-from ...checkpoint.pretrained_save import save_pretrained as _save_unsharded
+from ...pretrained.save import save_pretrained as _save_unsharded
 from ...checkpoint.verify import agree_on_problems
 
 _CLASSES: Dict[type, type] = {}
@@ -35,7 +35,7 @@ _CLASSES: Dict[type, type] = {}
 
 def _save_pretrained(self, save_directory, is_main_process: bool = True, state_dict=None, push_to_hub: bool = False,
                      max_shard_size="50GB", safe_serialization: bool = True, **kwargs):
-    """Writes the unsharded model's checkpoint (shardtorch.checkpoint.pretrained_save):
+    """Writes the unsharded model's checkpoint (shardtorch.pretrained.save):
     call it on every rank (``is_main_process`` is ignored: rank 0 writes)."""
     if push_to_hub:
         return self.push_to_hub(kwargs.pop("repo_id", os.path.basename(os.fspath(save_directory))),

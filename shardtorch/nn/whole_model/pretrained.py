@@ -4,10 +4,11 @@
 initialisation).
 
 Both build the model with every sized tensor on the meta device
-(meta_build.py), run ``parallelize`` on it (shapes only), give the
-parameters real tensors of their shard shapes (materialize.py) and fill them:
-from the checkpoint's bytes (checkpoint/safetensors_read.py), or by replaying
-the model's own init slice by slice (init_replay.py).
+(shardtorch/pretrained/meta_build.py), run ``parallelize`` on it (shapes
+only), give the parameters real tensors of their shard shapes
+(pretrained/materialize.py) and fill them: from the checkpoint's bytes
+(pretrained/safetensors_read.py), or by replaying the model's own init slice
+by slice (pretrained/init_replay.py).
 """
 import os
 import warnings
@@ -18,16 +19,16 @@ import torch.distributed as dist
 from torch import nn
 
 from ...distributed import collectives
-from ...checkpoint.pretrained_files import checkpoint_entries
-from ...checkpoint.safetensors_read import map_run, read_pieces
+from ...pretrained.checkpoint_files import checkpoint_entries
+from ...pretrained.safetensors_read import map_run, read_pieces
 from ...distributed import state
 from ...utils.shard_facts import named_parameter_shards
 from .apply import parallelize
-from .checkpoint_keys import Merged, converted_entries, read_merged
-from .init_replay import replay, targets_of
-from .materialize import materialize, named_tensors
-from .meta_build import MetaBuildError, build_on_meta, build_recorded
-from .model_source import default_dtype, resolve_dtype, source_from_config, source_from_folder
+from ...pretrained.checkpoint_keys import Merged, converted_entries, read_merged
+from ...pretrained.init_replay import replay, targets_of
+from ...pretrained.materialize import materialize, named_tensors
+from ...pretrained.meta_build import MetaBuildError, build_on_meta, build_recorded
+from ...pretrained.model_source import default_dtype, resolve_dtype, source_from_config, source_from_folder
 from .options_agree import check_options_agree, options_checked
 
 

@@ -17,8 +17,8 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from ...checkpoint.safetensors_format import TensorEntry
-from ...checkpoint.safetensors_read import read_pieces
+from .safetensors_format import TensorEntry
+from .safetensors_read import read_pieces
 
 
 @dataclass

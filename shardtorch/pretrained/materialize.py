@@ -9,7 +9,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 from torch import nn
 
-from ...utils.dcp_marks import track_parameters
+from ..utils.dcp_marks import track_parameters
 
 
 def named_tensors(model: nn.Module) -> Dict[str, torch.Tensor]:

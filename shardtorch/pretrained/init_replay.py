@@ -24,7 +24,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .. import init as ts_init
+from ..nn import init as ts_init
 from .meta_build import InitRecord, Write, aten, storage_key
 
 _CHUNKABLE = {aten.uniform_, aten.normal_}
@@ -304,8 +304,8 @@ def _narrow_argument(value, view: torch.Tensor, mapping, dim: int, start: int, l
 def targets_of(model: torch.nn.Module, originals: Dict[str, torch.Tensor], names: Sequence[str]) -> List[_Target]:
     """The replay targets for ``names`` of the parallelized ``model``: each
     tensor once (tied names share it), sharded ones with their pieces."""
-    from ...distributed import state
-    from ...utils.shard_facts import named_parameter_shards
+    from ..distributed import state
+    from ..utils.shard_facts import named_parameter_shards
     specs = {name: spec for name, _, spec in named_parameter_shards(model)}
     tensors = dict(model.named_parameters(remove_duplicate=False))
     tensors.update(model.named_buffers(remove_duplicate=False))

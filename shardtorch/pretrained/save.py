@@ -27,13 +27,13 @@ import torch.distributed as dist
 from torch import nn
 
 from ..distributed import state
-from .dtensor_entries import whole_shard
-from .layout import model_layout
+from ..checkpoint.dtensor_entries import whole_shard
+from ..checkpoint.layout import model_layout
 from .original_format import saved_entries, saved_tensors, unsharded_class
-from .pretrained_files import INDEX_FILE, SINGLE_FILE
+from .checkpoint_files import INDEX_FILE, SINGLE_FILE
 from .safetensors_format import build_header
-from .transfers import gather_to
-from .verify import agree_on_problems
+from ..checkpoint.transfers import gather_to
+from ..checkpoint.verify import agree_on_problems
 
 _UNITS = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30,
           "TIB": 2**40, "B": 1}
