@@ -13,7 +13,7 @@ real, exactly as the model builds them.
 
 With ``consume_random=True`` each draw into a meta tensor also advances the
 generator as drawing the whole tensor would (in bounded chunks, see
-init_replay.draw_pieces), so any real tensor drawn after it gets the numbers
+chunked_draw.draw_pieces), so any real tensor drawn after it gets the numbers
 the unsharded model's gets, and the recorded generator states are the ones the
 unsharded model's own draws start from. ``init_replay`` later replays the
 record into each rank's slices.
@@ -26,19 +26,14 @@ drawn for: the replay refuses it by name unless a later whole write replaces
 them.
 """
 import contextlib
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-aten = torch.ops.aten
+from .chunked_draw import consume_like
+from .init_record import InitRecord, Write, aten, storage_key
 
-# In-place random fills: a write that reads nothing of the old values.
-RANDOM_WRITES = {aten.uniform_, aten.normal_, aten.bernoulli_, aten.random_, aten.exponential_,
-                 aten.log_normal_, aten.cauchy_, aten.geometric_}
-# Writes that replace every element they cover without reading them.
-OVERWRITES = RANDOM_WRITES | {aten.fill_, aten.zero_, aten.copy_}
 # Random factories, as the in-place fill of an empty tensor they equal.
 RANDOM_FACTORIES = {aten.randn: (aten.normal_.default, (0.0, 1.0)), aten.rand: (aten.uniform_.default, (0.0, 1.0))}
 _SIZED_FACTORIES = {aten.empty, aten.zeros, aten.ones, aten.full, aten.rand, aten.randn, aten.empty_strided}
@@ -58,43 +53,6 @@ def _on_meta(tensor: torch.Tensor) -> bool:
     return tensor.device.type == "meta"
 
 
-def storage_key(tensor: torch.Tensor) -> int:
-    """Identifies the storage ``tensor`` views (stable while the storage lives; the record keeps it alive)."""
-    return tensor.untyped_storage()._cdata
-
-
-@dataclass
-class Write:
-    """One recorded write into a meta tensor: ``func(*args, **kwargs)`` with
-    ``args[0]`` the written view; ``rng_state`` the state of the generator it
-    draws from (random writes only), ``generator`` that generator (None: the
-    default CPU generator)."""
-    func: Any
-    args: tuple
-    kwargs: dict
-    rng_state: Optional[torch.Tensor] = None
-    generator: Optional[torch.Generator] = None
-
-    @property
-    def target(self) -> torch.Tensor:
-        return self.args[0]
-
-    @property
-    def random(self) -> bool:
-        return self.func.overloadpacket in RANDOM_WRITES
-
-    @property
-    def overwrites(self) -> bool:
-        return self.func.overloadpacket in OVERWRITES
-
-
-@dataclass
-class InitRecord:
-    """What the construction wrote into its meta tensors, in order, per storage."""
-    writes: Dict[int, List[Write]] = field(default_factory=dict)
-    origin: Dict[int, str] = field(default_factory=dict)  # "empty" | "computed by <op>"
-    copied: Dict[int, torch.Tensor] = field(default_factory=dict)  # storage made as a copy of this tensor
-    keep: List[torch.Tensor] = field(default_factory=list)  # keeps recorded storages (and their keys) alive
 
 
 def _is_factory(func) -> bool:
@@ -157,7 +115,6 @@ class _Recorder(TorchDispatchMode):
         if write.random:
             write.rng_state = (generator or torch.default_generator).get_state()
             if self.consume_random:
-                from .init_replay import consume_like
                 consume_like(write)
         key = storage_key(write.target)
         self.record.writes.setdefault(key, []).append(write)
