@@ -219,7 +219,7 @@ def build_recorded(factory: Callable[[], torch.nn.Module], consume_random: bool)
     return model, record
 
 
-def build_on_meta(factory: Callable[[], torch.nn.Module]) -> Tuple[torch.nn.Module, InitRecord]:
+def build_recorded_partly(factory: Callable[[], torch.nn.Module]) -> Tuple[torch.nn.Module, InitRecord]:
     """As build_recorded, but the initialisers that skip meta tensors skip them
     (the record misses what they would write): for a model whose weights are
     then loaded."""
