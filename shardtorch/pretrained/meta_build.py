@@ -25,7 +25,6 @@ where each meta storage came from. A meta storage made by computation
 drawn for: the replay refuses it by name unless a later whole write replaces
 them.
 """
-import contextlib
 from typing import Callable, List, Optional, Tuple
 
 import torch
@@ -33,6 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .chunked_draw import consume_like
 from .init_record import InitRecord, Write, aten, storage_key
+from .is_meta_while_building import meta_tensors_answer_not_meta
 
 # Random factories, as the in-place fill of an empty tensor they equal.
 RANDOM_FACTORIES = {aten.randn: (aten.normal_.default, (0.0, 1.0)), aten.rand: (aten.uniform_.default, (0.0, 1.0))}
@@ -49,7 +49,7 @@ class MetaBuildError(RuntimeError):
 
 
 def _on_meta(tensor: torch.Tensor) -> bool:
-    # Not tensor.is_meta: while a model is built, that answers False (_meta_tensors_answer_not_meta).
+    # Not tensor.is_meta: while a model is built, that answers False (is_meta_while_building.py).
     return tensor.device.type == "meta"
 
 
@@ -177,26 +177,6 @@ def _tensors(args, kwargs):
     return found
 
 
-@contextlib.contextmanager
-def _meta_tensors_answer_not_meta():
-    """Some of torch's initialisers return at once for a meta tensor
-    (``trunc_normal_``, ``orthogonal_``, ``sparse_``, ``dirac_`` check
-    ``tensor.is_meta``): the record would miss their writes and the generator
-    their draws, and the replay would give the weight what it held before.
-    While the model is built, Python code reading ``is_meta`` learns False, so
-    they run their ops on the meta tensors as they would on real ones (which
-    the record sees); C++ is not affected."""
-    original = torch.Tensor.__dict__.get("is_meta")
-    torch.Tensor.is_meta = property(lambda self: False)
-    try:
-        yield
-    finally:
-        if original is None:
-            del torch.Tensor.is_meta
-        else:
-            torch.Tensor.is_meta = original
-
-
 def build_recorded(factory: Callable[[], torch.nn.Module], consume_random: bool) -> Tuple[torch.nn.Module,
                                                                                          InitRecord]:
     """(the model ``factory()`` builds, its sized tensors on the meta device,
@@ -204,7 +184,7 @@ def build_recorded(factory: Callable[[], torch.nn.Module], consume_random: bool)
     MetaBuildError where the construction reads values of its meta tensors."""
     record = InitRecord()
     try:
-        with _Recorder(record, consume_random), _meta_tensors_answer_not_meta():
+        with _Recorder(record, consume_random), meta_tensors_answer_not_meta():
             model = factory()
     except (RuntimeError, NotImplementedError) as error:
         if "meta" not in str(error):
