@@ -28,6 +28,7 @@ from torch import nn
 from ...distributed import collectives
 from ...distributed import state
 from . import proof
+from ...pretrained.model_source import default_dtype
 from .plan import Placement, resolve
 
 _HEAD_WIDTH = 16  # even, so rotary embeddings (whole or partial) still pair dimensions
@@ -167,13 +168,8 @@ def prove_on_miniature(model: nn.Module, placements: List[Placement], plan, grou
         return
     dtype = proof.bound_for(model)[0]
     try:
-        with _built_alike():
-            before = torch.get_default_dtype()
-            torch.set_default_dtype(torch.float64 if dtype == torch.float64 else torch.float32)
-            try:
-                mini = type(model)(config)
-            finally:
-                torch.set_default_dtype(before)
+        with _built_alike(), default_dtype(torch.float64 if dtype == torch.float64 else torch.float32):
+            mini = type(model)(config)
         mini = mini.to(_device(group)).eval()
         mini_plan = _mini_plan(plan, mini)
         unmatched = _kinds(placements) - _kinds(resolve(mini, mini_plan, size, sequence_parallel))
