@@ -23,7 +23,6 @@ import re
 from typing import Dict, List, Optional, Tuple
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from ..distributed import state
