@@ -246,15 +246,14 @@ def _prove_after_split(model, placements, proving, group, sequence_parallel) -> 
     watched = {name: modules[name] for name in whole.module_order if name in modules}
     layouts = model_layout(model)
     parallel = proof.Record()  # kept if it raises: which split module it raised in
+    dtype, bound = proof.bound_for(model)
     try:
         with generating(model):  # whole logits in either logits mode
             proof.run_probe(model, inputs, watched, proof.parallel_sketch(layouts, group), record=parallel)
     except Exception as error:  # noqa: BLE001 - the whole model ran this batch: the split is at fault
-        dtype, bound = proof.bound_for(model)
         failures = proof.raised(error, parallel)
         raise proof.ParallelizeProofError(proof.explain(failures, placements, dtype, bound, sequence_parallel),
                                           failures, dtype, bound) from error
-    dtype, bound = proof.bound_for(model)
     failures = proof.compare(whole, parallel, bound)
     error = proof.agree_on_error(max((e for _, _, e in failures), default=0.0), group)
     if error > bound:

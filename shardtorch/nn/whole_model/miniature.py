@@ -25,7 +25,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ...distributed import collectives
 from ...distributed import state
 from . import proof
 from ...pretrained.model_source import default_dtype
@@ -175,8 +174,7 @@ def prove_on_miniature(model: nn.Module, placements: List[Placement], plan, grou
         unmatched = _kinds(placements) - _kinds(resolve(mini, mini_plan, size, sequence_parallel))
     except Exception as error:  # noqa: BLE001 - a class that cannot be built small: said, not hidden
         unmatched, mini = None, f"{type(error).__name__}: {error}"
-    failed = _agreed_failure(isinstance(mini, str), group)
-    if failed:
+    if proof.agree_on_error(float(isinstance(mini, str)), group) > 0:  # so that every rank warns, none proves
         why = mini if isinstance(mini, str) else "it failed on another rank"
         _warn(f"a miniature of {name} (to prove the split of a model on the meta device) cannot be built ({why})")
         return
@@ -196,15 +194,6 @@ def prove_on_miniature(model: nn.Module, placements: List[Placement], plan, grou
     if unmatched:
         _warn(f"{name}'s splits {sorted(unmatched)} do not occur in its miniature "
               f"({_described(config, name)}), so they are not proven")
-
-
-def _agreed_failure(failed: bool, group: str) -> bool:
-    """Whether any rank of the group failed (so that all warn and none goes on to prove)."""
-    if state.get_group_size(group) == 1:
-        return failed
-    flag = torch.tensor([float(failed)], dtype=torch.float64)
-    collectives.all_reduce(flag, op="max", group=state.get_group(group))
-    return bool(flag.item())
 
 
 def _described(config, name: str) -> str:

@@ -500,22 +500,38 @@ def raised(error: Exception, record: Optional[Record] = None) -> List[Tuple[str,
     return found + ([("raised in", running[-1], float("inf"))] if running else [])
 
 
+def _of_its_kind(placement, placements, where: str) -> List[str]:
+    """Every split module of ``placement``'s style and class: they read their weights the same way, so all
+    of them stay whole."""
+    return [p.name for p in placements if p.style == placement.style
+            and type(p.module) is type(placement.module)] or [where]
+
+
+def _what_to_do(replicate: List[str], split: bool, most: Optional[int] = None) -> str:
+    """The refusal's last sentence: the plan that leaves ``replicate`` whole (at most ``most`` named), or
+    verify=False."""
+    state_now = "The model is now partly split and cannot be used: " if split else "Nothing is split: "
+    if not replicate:
+        return f"{state_now}build the model again, or pass verify=False to skip this proof (at the risk of a " \
+               f"silently wrong model)."
+    named = replicate if most is None else replicate[:most]
+    return (state_now + ("build the model again and " if split else "") + "pass plan= with "
+            + ", ".join(f"{n!r}: 'replicate'" for n in named) + (" ..." if len(named) < len(replicate) else "")
+            + " (ts.nn.auto_plan(model) gives the plan to edit), or pass verify=False to skip this proof (at the "
+              "risk of a silently wrong model).")
+
+
 def _explain_raised(what: str, placements, split: bool, where: Optional[str] = None) -> str:
     placement = _owner(where, placements) if where is not None else None
-    if placement is not None:  # every module of its kind reads its weights the same way: all stay whole
-        replicate = [p.name for p in placements if p.style == placement.style
-                     and type(p.module) is type(placement.module)] or [where]
+    if placement is not None:
+        replicate = _of_its_kind(placement, placements, where)
         what = f"in {where!r} ({_tried(placement)}): {what}"
     else:
         projections = [p.name for p in placements if p.style in ("column", "row")]
         replicate = projections or [p.name for p in placements if p.style != "vocab"]
-    state_now = ("The model is now partly split and cannot be used: build the model again and pass"
-                 if split else "Nothing is split: pass")
     return (f"parallelize: the split model raises on the probe batch that the whole model runs ({what}): its "
             f"forward does not compute from the shards it is given (a head count read from an attribute, say). "
-            f"{state_now} plan= with " + ", ".join(f"{n!r}: 'replicate'" for n in replicate[:8])
-            + (" ..." if len(replicate) > 8 else "") + " (ts.nn.auto_plan(model) gives the plan to edit), or "
-            f"verify=False to skip this proof.")
+            + _what_to_do(replicate, split, most=8))
 
 
 def explain(failures: List[Tuple[str, str, float]], placements, dtype: torch.dtype, bound: float,
@@ -533,9 +549,7 @@ def explain(failures: List[Tuple[str, str, float]], placements, dtype: torch.dty
         placement = _owner(where, placements)
         what = (f"the split of {where!r} ({_tried(placement)}) gives another output than the whole module on the "
                 f"probe batch (relative error {error:.3g})")
-        # Every module of its kind reads its weights the same way: all of them stay whole.
-        replicate = [p.name for p in placements if p.style == placement.style
-                     and type(p.module) is type(placement.module)] or [where]
+        replicate = _of_its_kind(placement, placements, where)
     elif kind in ("eval", "train"):
         vocab = [p.name for p in placements if p.style == "vocab"]
         what = (f"the model's {where} ({'eval' if kind == 'eval' else 'training'} mode) differs from the whole "
@@ -555,10 +569,5 @@ def explain(failures: List[Tuple[str, str, float]], placements, dtype: torch.dty
         if sequence_parallel:
             what += " (under sequence_parallel=True: parameters whose partial gradients are not summed?)"
         replicate = owners
-    again = "build the model again and " if split else ""
-    fix = (again + "pass plan= with " + ", ".join(f"{n!r}: 'replicate'" for n in replicate)
-           + " (ts.nn.auto_plan(model) gives the plan to edit)") if replicate else "build the model again"
-    state_now = "The model is now partly split and cannot be used: " if split else "Nothing is split: "
     return (f"parallelize: the split is not exact: {what}; the bound for {str(dtype).replace('torch.', '')} is "
-            f"{bound:g}. {state_now}{fix}, or pass verify=False to skip this proof (at the risk of a silently "
-            f"wrong model).")
+            f"{bound:g}. " + _what_to_do(replicate, split))
