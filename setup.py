@@ -123,7 +123,7 @@ setup(
     ext_modules=[CMakeExtension("shardtorch._C")],
     cmdclass={"build_ext": CMakeBuild},
     python_requires=">=3.10",
-    install_requires=["torch>=2.11"],
+    install_requires=["torch>=2.11", "cloudpickle>=3"],
     extras_require=EXTRAS,
     zip_safe=False,
 )

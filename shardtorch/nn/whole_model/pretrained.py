@@ -25,7 +25,7 @@ from .options_agree import check_options_agree, options_checked
 
 def from_pretrained(model, path=None, *, dtype="auto", plan="auto", group: str = state.TENSOR_PARALLEL,
                     sequence_parallel: bool = False, verbose: bool = False, logits: str = "lazy", device="cpu",
-                    mmap: bool = True, config=None, verify: bool = True, **config_overrides) -> nn.Module:
+                    mmap: bool = True, config=None, verify: bool = True, devices=None, **config_overrides) -> nn.Module:
     """A parallelized model whose parameters each rank reads from a Hugging
     Face checkpoint folder, only its own slices: no rank ever holds the whole
     model (peak memory: its shards plus one bounded read block).
@@ -52,6 +52,11 @@ def from_pretrained(model, path=None, *, dtype="auto", plan="auto", group: str =
             optimizer step). False: every slice is read into memory now.
         config: a config to use instead of the folder's; ``config_overrides``
             set attributes of the folder's config (``attn_implementation=...``).
+        devices: from one process, without torchrun (a notebook): a list of
+            devices (``["cuda:0", "cuda:1"]``, ``["cpu", "cpu"]``), one rank
+            each, started by this call; each loads only its slices, and the
+            result is a ``ts.TensorParallelModel`` used as the unsharded model
+            (``ts.tensor_parallel``). ``group`` and ``device`` do not apply.
 
     Each rank's tensors are bitwise the checkpoint's slices (converted when
     ``dtype`` differs from the checkpoint's). Buffers the model computes
@@ -67,6 +72,14 @@ def from_pretrained(model, path=None, *, dtype="auto", plan="auto", group: str =
     anything is read. Collective over the world.
     """
     who = "from_pretrained"
+    if devices is not None:
+        if group != state.TENSOR_PARALLEL or device != "cpu":
+            raise TypeError("from_pretrained: group= and device= do not go with devices=: the ranks form one group "
+                            "and each rank's device is its entry of devices")
+        from ...one_process.api import from_pretrained_on
+        return from_pretrained_on(devices, (model, path), dict(
+            dtype=dtype, plan=plan, sequence_parallel=sequence_parallel, verbose=verbose, logits=logits, mmap=mmap,
+            config=config, verify=verify, **config_overrides))
     folder = _checkpoint_folder(model, path)
     check_options_agree(who, group, {"dtype": dtype, "plan": plan, "sequence_parallel": sequence_parallel,
                                      "verbose": verbose, "logits": logits, "verify": verify,

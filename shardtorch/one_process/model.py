@@ -1,0 +1,262 @@
+"""TensorParallelModel: the caller's handle on a model split over devices, used as the unsharded
+model is.
+
+Its parameters are the ranks' own tensors, mapped into this process: every rank's slice of each
+split parameter, and rank 0's copy of each replicated one (so ``sum(p.numel() for p in
+model.parameters())`` and a gradient norm over them are the unsharded model's). An optimizer over
+``model.parameters()`` updates the ranks' memory in place; each forward first copies rank 0's
+replicated parameters to the other ranks. Their gradients are the ranks' gradient buffers, attached
+after each backward to the parameters that took part (None stays None, as in torch).
+"""
+import weakref
+from collections import OrderedDict
+from typing import List, Optional
+
+import torch
+from torch import nn
+
+from .pool import WorkerPool
+from .remote_outputs import CallerStep, RemoteForward, RemoteLogits
+from .structure import KeptObject, LazySlot, TensorSlot, map_structure
+
+
+class _Holder(nn.Module):
+    """A module that only holds parameters, so that a rank's parameters keep their dotted names."""
+
+
+def _holder_tree(root: nn.Module, name: str, value: nn.Parameter) -> None:
+    *path, leaf = name.split(".")
+    module = root
+    for part in path:
+        child = module._modules.get(part)
+        if child is None:
+            child = _Holder()
+            module.add_module(part, child)
+        module = child
+    module.register_parameter(leaf, value)
+
+
+class TensorParallelModel(nn.Module):
+    """The model on ``devices``, one rank per device (see ``shardtorch.tensor_parallel``)."""
+
+    def __init__(self, pool: WorkerPool, source: Optional[nn.Module]):
+        super().__init__()
+        self._pool = pool
+        self._closer = weakref.finalize(self, pool.close)
+        self.devices = list(pool.devices)
+        self.config = getattr(source, "config", None)
+        self.generation_config = getattr(source, "generation_config", None)
+        self._class_name = type(source).__name__ if source is not None else "model"
+        self._dropped: List[int] = []
+        self._steps = 0
+        self._anchor = torch.zeros((), requires_grad=True)
+        described = pool.described  # per rank: [(name, tensor, sharded, exposed)]
+        self._names = [name for name, *_ in described[0]]
+        self._sharded = [sharded for _, _, sharded, _ in described[0]]
+        self._views: List[List[torch.Tensor]] = [[t for _, t, _, _ in ranks] for ranks in described]
+        self._exposed = [[exposed for *_, exposed in ranks] for ranks in described]
+        self._grad_views: Optional[List[List[Optional[torch.Tensor]]]] = None
+        self.shards = nn.ModuleList()
+        # Per rank: {parameter index: the caller's Parameter on the rank's memory}.
+        self._parameters_of: List[dict] = []
+        for rank, ranks in enumerate(described):
+            holder, mine = _Holder(), {}
+            for index, (name, tensor, sharded, exposed) in enumerate(ranks):
+                if exposed:
+                    mine[index] = nn.Parameter(tensor, requires_grad=True)
+                    _holder_tree(holder, name, mine[index])
+            self.shards.append(holder)
+            self._parameters_of.append(mine)
+
+    # -- what the caller sees ---------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.devices[0]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        floating = [t.dtype for t in self._views[0] if t.is_floating_point()]
+        return floating[0] if floating else torch.get_default_dtype()
+
+    def extra_repr(self) -> str:
+        return f"{self._class_name} over {[str(d) for d in self.devices]}"
+
+    def close(self) -> None:
+        """Stops the workers and frees their devices (also done when the model is garbage collected
+        and at exit). The model cannot be used afterwards."""
+        self._closer()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _apply(self, fn, recurse=True):
+        raise RuntimeError("tensor_parallel: the model's slices live on its devices; .to(), .cuda(), .half() "
+                           "and the like are not supported on it. Convert the model before tensor_parallel, or "
+                           "pass dtype= to from_pretrained")
+
+    # -- commands -------------------------------------------------------------------------------
+    def _run(self, command: str, payload, ranks=None) -> list:
+        def with_drops(p):
+            return dict(p, drop=drops)
+        drops, self._dropped[:] = list(self._dropped), []
+        payloads = [with_drops(p) for p in payload] if isinstance(payload, list) else with_drops(payload)
+        if ranks is not None:  # drops go to every rank: send them with the next command to all
+            self._dropped.extend(drops)
+            payloads = [dict(p, drop=[]) for p in payloads] if isinstance(payloads, list) else dict(payloads, drop=[])
+        if self.devices[0].type == "cuda":
+            for device in self.devices:
+                torch.cuda.synchronize(device)  # the caller's optimizer wrote the ranks' memory
+        return self._pool.run(command, payloads, ranks)
+
+    def _sync_replicated(self) -> None:
+        """Rank 0's replicated parameters (the ones the optimizer updates) to the other ranks."""
+        with torch.no_grad():
+            for index, sharded in enumerate(self._sharded):
+                if not sharded:
+                    for rank in range(1, len(self._views)):
+                        self._views[rank][index].copy_(self._views[0][index])
+
+    def _requires_grad(self) -> List[bool]:
+        """Per parameter, whether it trains (rank 0's flag: it holds every parameter)."""
+        return [self._parameters_of[0][index].requires_grad for index in range(len(self._names))]
+
+    def _inputs(self, args, kwargs):
+        """(args, kwargs) to send, and the input tensors that want gradients (in send order)."""
+        wanting, counter, positions = [], iter(range(1 << 62)), []
+
+        def tensor(value):
+            position = next(counter)
+            if value.requires_grad and torch.is_grad_enabled():
+                wanting.append(value)
+                positions.append(position)
+            return value.detach()
+
+        def other(value):
+            return value
+        sent = map_structure((args, kwargs), tensor, other)
+        return sent, wanting, positions
+
+    def forward(self, *args, **kwargs):
+        self._pool.check_usable()
+        self._sync_replicated()
+        (args, kwargs), wanting, positions = self._inputs(args, kwargs)
+        self._steps += 1
+        number = self._steps
+        grad_enabled = torch.is_grad_enabled()
+        device_type = self.devices[0].type
+        autocast = (torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type))
+        payload = dict(step=number, args=args, kwargs=kwargs, grad_inputs=positions, grad_enabled=grad_enabled,
+                       training=self.training, autocast=autocast, requires_grad=self._requires_grad())
+        holder = {}
+
+        def call():
+            structure, items, differentiable = self._run("forward", payload)[0]
+            step = CallerStep(number, self._fetch, self._backward, self._dropped)
+            outputs = [RemoteLogits(step, item.index, item.shape, item.dtype, self.devices[0])
+                       if isinstance(item, LazySlot) else item for item in items]
+            holder.update(structure=structure, step=step)
+            return step, outputs, differentiable
+
+        if grad_enabled:
+            outputs = RemoteForward.apply(call, self._anchor, *wanting)
+        else:
+            outputs = call()[1]
+        return self._rebuild(holder["structure"], outputs, holder["step"])
+
+    def _rebuild(self, structure, outputs, step: CallerStep):
+        def other(value):
+            if isinstance(value, TensorSlot):
+                return outputs[value.index]
+            if isinstance(value, KeptObject):
+                return _KeptHandle(value.step, value.index, step)
+            return value
+        return map_structure(structure, lambda t: t, other)
+
+    def _fetch(self, number: int, index: int) -> torch.Tensor:
+        return self._run("fetch", dict(step=number, index=index), ranks=[0])[0]
+
+    def _backward(self, number: int, grads) -> list:
+        grads = [None if g is None else g.detach() for g in grads]
+        payloads = [dict(step=number, grads=grads, reset=self._resets(rank)) for rank in range(len(self.devices))]
+        replies = self._run("backward", payloads)
+        if self._grad_views is None:
+            self._grad_views = [reply[2] for reply in replies]
+        for rank, (_, participated, _) in enumerate(replies):
+            took_part = set(participated)
+            for index, param in self._parameters_of[rank].items():
+                view = self._grad_views[rank][index]
+                if param.grad is view or index in took_part:
+                    param.grad = view
+        return replies[0][0]
+
+    def _resets(self, rank: int) -> List[int]:
+        """The gradient buffers this rank must zero before backward: those whose parameter has no
+        gradient here (None after zero_grad); a gradient the caller set itself is copied in."""
+        if self._grad_views is None:
+            return []
+        reset = []
+        for index, param in self._parameters_of[rank].items():
+            view = self._grad_views[rank][index]
+            if param.grad is None:
+                reset.append(index)
+            elif param.grad is not view:
+                with torch.no_grad():
+                    view.copy_(param.grad)
+                param.grad = view
+        return reset
+
+    def generate(self, *args, **kwargs):
+        """``generate`` of the model on every rank; rank 0's result (the unsharded model's tokens)."""
+        self._pool.check_usable()
+        if kwargs.get("streamer") is not None:
+            raise ValueError("tensor_parallel: generate(streamer=...) is not supported: the tokens are made in "
+                             "the workers. Call generate without a streamer and decode its result")
+        self._sync_replicated()
+        (args, kwargs), _, _ = self._inputs(args, kwargs)
+        self._steps += 1
+        number = self._steps
+        structure, items, _ = self._run("generate", dict(step=number, args=args, kwargs=kwargs, training=self.training,
+                                                         requires_grad=self._requires_grad()))[0]
+        step = CallerStep(number, self._fetch, self._backward, self._dropped)
+        outputs = [RemoteLogits(step, item.index, item.shape, item.dtype, self.devices[0])
+                   if isinstance(item, LazySlot) else item for item in items]
+        return self._rebuild(structure, outputs, step)
+
+    def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
+        """The unsharded model's state dict (whole tensors, the unsharded model's keys), gathered by
+        the ranks."""
+        self._pool.check_usable()
+        self._sync_replicated()
+        whole = self._run("state_dict", {})[0]
+        result = OrderedDict() if destination is None else destination
+        for key, value in whole.items():
+            result[prefix + key] = value
+        return result
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """Loads the unsharded model's state dict: each rank takes its slices."""
+        self._pool.check_usable()
+        payloads = [dict(state_dict=dict(state_dict) if rank == 0 else None, strict=strict)
+                    for rank in range(len(self.devices))]
+        missing, unexpected = self._run("load_state_dict", payloads)[0]
+        return nn.modules.module._IncompatibleKeys(list(missing), list(unexpected))
+
+    def save_pretrained(self, *args, **kwargs) -> None:
+        """The model's ``save_pretrained``: the unsharded model's checkpoint, written by the ranks."""
+        self._pool.check_usable()
+        self._sync_replicated()
+        self._run("save_pretrained", dict(args=args, kwargs=kwargs))
+
+
+class _KeptHandle(KeptObject):
+    """A KeptObject that holds its step (so that the ranks keep the object while it lives)."""
+
+    def __init__(self, step_number: int, index: int, step: CallerStep):
+        super().__init__(step_number, index)
+        object.__setattr__(self, "_step", step)
+
+    def __reduce__(self):
+        return KeptObject, (self.step, self.index)

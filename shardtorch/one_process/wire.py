@@ -1,0 +1,38 @@
+"""What goes between the caller and its device workers, and how.
+
+Tensors travel as torch.multiprocessing shares them: a CPU tensor's storage moves to shared memory
+and its file descriptor is passed (no copy per reader: every worker maps the caller's model), a CUDA
+tensor as an IPC handle. Classes and functions that the receiver cannot import (a model class
+written in a notebook cell, a lambda in generation arguments) go by value (cloudpickle); everything
+else by reference, as pickle does.
+"""
+import io
+import pickle
+from collections import ChainMap
+from multiprocessing.reduction import ForkingPickler
+
+import cloudpickle
+import torch.multiprocessing  # noqa: F401  (registers the tensor and storage reductions with ForkingPickler)
+
+
+class _Pickler(cloudpickle.Pickler):
+    # ForkingPickler's reductions (shared tensors, file descriptors) first, then cloudpickle's.
+    dispatch_table = ChainMap(ForkingPickler._extra_reducers, cloudpickle.Pickler.dispatch_table)
+
+
+def dumps(value) -> bytes:
+    buffer = io.BytesIO()
+    _Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    return buffer.getbuffer().tobytes()
+
+
+def loads(data: bytes):
+    return pickle.loads(data)
+
+
+def send(connection, value) -> None:
+    connection.send_bytes(dumps(value))
+
+
+def receive(connection):
+    return loads(connection.recv_bytes())
