@@ -26,6 +26,9 @@ import torch.distributed as dist
 from . import wire
 
 
+_POLL_S = 0.2
+
+
 class WorkerError(RuntimeError):
     """A rank's exception that could not be sent back as itself."""
 
@@ -143,17 +146,21 @@ class WorkerPool:
                             limit = left if limit is None else min(limit, left)
                     if limit is not None and limit <= 0:
                         break
-                    ready = multiprocessing.connection.wait(list(waiting) + list(sentinels), timeout=limit)
+                    # Woken at least every _POLL_S: a Ctrl-C delivered to another thread of this process
+                    # (a notebook's) is seen by this one only between two Python steps.
+                    ready = multiprocessing.connection.wait(list(waiting) + list(sentinels),
+                                                            timeout=_POLL_S if limit is None else min(limit, _POLL_S))
                     for item in ready:
                         if item in sentinels:
                             rank = sentinels.pop(item)
                             if self.connections[rank] in waiting and not self.connections[rank].poll():
-                                self._break(f"tensor_parallel: the worker of rank {rank} ({self.devices[rank]}) "
-                                            f"exited (code {self.processes[rank].wait()}) during {command}")
-                                raise BrokenModelError(self.broken)
+                                self._exited(rank, command)
                             continue
                         rank = waiting.pop(item)
-                        reply = wire.receive(item)
+                        try:
+                            reply = wire.receive(item)
+                        except (EOFError, OSError):
+                            self._exited(rank, command)
                         if reply[0] == "ok":
                             results[rank] = reply[1]
                         else:
@@ -184,6 +191,15 @@ class WorkerPool:
         if interrupted_at is not None:
             raise KeyboardInterrupt
         return [results[r] for r in ranks]
+
+    def _exited(self, rank: int, command: str) -> None:
+        try:
+            code = self.processes[rank].wait(timeout=self.grace_s)
+        except subprocess.TimeoutExpired:
+            code = "unknown: it closed its pipe"
+        self._break(f"tensor_parallel: the worker of rank {rank} ({self.devices[rank]}) exited (code {code}) during "
+                    f"{command}; every worker was stopped and the model must be built again")
+        raise BrokenModelError(self.broken)
 
     def _error(self, rank: int, reply, command: str, broken: bool) -> BaseException:
         _, error, type_name, text = reply

@@ -1,0 +1,291 @@
+"""``ts.tensor_parallel(model, devices)`` from this one process (no torchrun), on CPU devices, in
+float64 against the unsharded model: logits, loss, every gradient, the parameters after optimizer
+steps, generate's tokens, state_dict / load_state_dict / save_pretrained, from_pretrained(devices=),
+and the faults (a rank that raises alone, a rank that exits, an exception on every rank, Ctrl-C,
+close). Each model's workers are started once per module and serve several checks."""
+import copy
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import shardtorch as ts
+from tests.distributed import one_process_models as faulty
+from tests.distributed import parallelize_models as models
+from tests.launcher import REPO
+
+F64 = torch.float64
+CPU2, CPU3 = ["cpu", "cpu"], ["cpu", "cpu", "cpu"]
+
+
+def _close(actual, expected, what, tolerance=1e-10):
+    actual, expected = actual.detach().to(F64), expected.detach().to(F64)
+    scale = expected.abs().max().clamp_min(1.0)
+    error = ((actual - expected).abs().max() / scale).item()
+    assert error <= tolerance, f"{what}: {error:.3e} relative off the unsharded model's"
+
+
+def _whole_state_close(model, reference, what, tolerance=1e-10):
+    state = model.state_dict()
+    expected = reference.state_dict()
+    assert sorted(state) == sorted(expected), what
+    for key, value in expected.items():
+        _close(state[key], value, f"{what}: {key}", tolerance)
+
+
+def _tokens(seed, batch=2, length=models.SEQ):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, models.VOCAB, (batch, length), generator=generator)
+
+
+def _causal_loss(logits, ids):
+    """The next-token loss written out: float64 log-softmax, mean over the predicted tokens."""
+    logits = logits[:, :-1].reshape(-1, logits.shape[-1]).to(F64)
+    return -logits.log_softmax(-1).gather(1, ids[:, 1:].reshape(-1, 1)).mean()
+
+
+def _masked_loss(logits, labels):
+    keep = labels.reshape(-1) != -100
+    logits = logits.reshape(-1, logits.shape[-1])[keep].to(F64)
+    return -logits.log_softmax(-1).gather(1, labels.reshape(-1)[keep].reshape(-1, 1)).mean()
+
+
+def _train_and_compare(model, reference, batch, loss_of, what, steps=3):
+    """Gradients (as an SGD step of rate 1: each parameter moves by exactly minus its gradient, read
+    back whole through state_dict), the gradient norm over parameters() and AdamW steps, against
+    the unsharded model."""
+    loss = loss_of(model, batch)
+    expected_loss = loss_of(reference, batch)
+    _close(loss, expected_loss, f"{what}: loss")
+    loss.backward()
+    expected_loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(list(model.parameters()), float("inf"))
+    expected_norm = torch.nn.utils.clip_grad_norm_(list(reference.parameters()), float("inf"))
+    _close(norm, expected_norm, f"{what}: gradient norm over parameters()")
+    for optimizer in (torch.optim.SGD(model.parameters(), lr=1.0), torch.optim.SGD(reference.parameters(), lr=1.0)):
+        optimizer.step()
+    _whole_state_close(model, reference, f"{what}: parameters after a step of minus the gradient")
+    adam = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    expected_adam = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+    for step in range(steps):
+        for optimizer, net in ((adam, model), (expected_adam, reference)):
+            optimizer.zero_grad()
+            loss_of(net, batch).backward()
+            optimizer.step()
+    _whole_state_close(model, reference, f"{what}: parameters after {steps} AdamW steps", 1e-9)
+
+
+def _build(factory, devices, **options):
+    torch.manual_seed(0)
+    reference = factory().to(F64)
+    return ts.tensor_parallel(copy.deepcopy(reference), devices, **options), reference
+
+
+@pytest.mark.parametrize("devices", [CPU2, CPU3], ids=["2cpu", "3cpu"])
+def test_gpt2_trains_and_generates_as_unsharded(devices):
+    model, reference = _build(models.gpt2, devices)
+    try:
+        assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in reference.parameters())
+        ids = _tokens(1)
+        model.eval(), reference.eval()
+        with torch.no_grad():
+            out = model(input_ids=ids, labels=ids)
+            expected = reference(input_ids=ids).logits
+        _close(out.logits, expected, "gpt2 logits (eval, no_grad)")
+        _close(out.loss, _causal_loss(expected, ids), "gpt2 loss from labels=")
+        tokens = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
+        assert torch.equal(tokens, reference.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0))
+        model.train(), reference.train()
+
+        def loss_of(net, batch):  # the loss the model computes from labels= against the written-out one
+            if net is model:
+                return net(input_ids=batch, labels=batch).loss
+            return _causal_loss(net(input_ids=batch).logits, batch)
+        _train_and_compare(model, reference, _tokens(2), loss_of, "gpt2")
+    finally:
+        model.close()
+    assert all(p.poll() is not None for p in model._pool.processes), "close() left a worker running"
+
+
+@pytest.mark.parametrize("devices", [CPU2, CPU3], ids=["2cpu", "3cpu"])
+def test_llama_grouped_heads_trains_and_generates_as_unsharded(devices):
+    # 2 key/value heads for 8 query heads: split over 2 ranks, replicated per local head over 3.
+    model, reference = _build(lambda: models.llama(kv_heads=2, heads=8), devices)
+    try:
+        ids = _tokens(3)
+        reference.eval()
+        model.eval()
+        tokens = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
+        assert torch.equal(tokens, reference.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0))
+        # The loss from the caller's own code on the (lazy) whole logits: gradients through the logits.
+        _train_and_compare(model, reference, _tokens(4), lambda net, b: _causal_loss(net(input_ids=b).logits, b),
+                           "llama kv=2")
+    finally:
+        model.close()
+
+
+def test_bert_and_vit_train_as_unsharded():
+    model, reference = _build(models.bert, CPU2)
+    try:
+        ids = _tokens(5)
+        labels = ids.clone()
+        labels[:, ::2] = -100
+        _train_and_compare(model, reference, (ids, labels),
+                           lambda net, b: _masked_loss(net(input_ids=b[0]).logits, b[1]), "bert")
+    finally:
+        model.close()
+    model, reference = _build(models.vit, CPU2)
+    try:
+        generator = torch.Generator().manual_seed(6)
+        images = torch.randn(2, 3, 16, 16, generator=generator, dtype=F64, requires_grad=True)
+        target = torch.randint(0, 10, (2,), generator=generator)
+        # An input that wants its gradient: it comes back from rank 0's backward.
+        whole_images = images.detach().clone().requires_grad_(True)
+        F.cross_entropy(model(images), target).backward()
+        F.cross_entropy(reference(whole_images), target).backward()
+        _close(images.grad, whole_images.grad, "vit input gradient")
+        images = images.detach()
+        _train_and_compare(model, reference, images, lambda net, b: F.cross_entropy(net(b), target), "vit")
+    finally:
+        model.close()
+
+
+def test_state_dict_save_pretrained_and_from_pretrained_on_devices(tmp_path):
+    model, reference = _build(lambda: models.llama(kv_heads=2, heads=8), CPU2)
+    try:
+        # load_state_dict of the unsharded model's (other) weights, then save_pretrained.
+        torch.manual_seed(11)
+        other = models.llama(kv_heads=2, heads=8).to(F64)
+        result = model.load_state_dict(other.state_dict())
+        assert not result.missing_keys and not result.unexpected_keys
+        _whole_state_close(model, other, "after load_state_dict", 0.0)
+        model.save_pretrained(str(tmp_path / "saved"))
+    finally:
+        model.close()
+    from transformers import AutoModelForCausalLM
+    # The reference loads the same folder the same way (its rotary buffers are computed in float64 as
+    # from_pretrained's are, where ``other`` computed them in float32 before .to(float64)).
+    whole = AutoModelForCausalLM.from_pretrained(str(tmp_path / "saved"), dtype=F64)
+    _close(whole.model.embed_tokens.weight, other.model.embed_tokens.weight, "save_pretrained's embedding", 0.0)
+    loaded = ts.nn.from_pretrained(str(tmp_path / "saved"), devices=CPU2, dtype=F64)
+    try:
+        ids = _tokens(7)
+        with torch.no_grad():
+            _close(loaded(input_ids=ids).logits, whole(input_ids=ids).logits, "from_pretrained(devices=)")
+        assert loaded.config.num_key_value_heads == 2
+    finally:
+        loaded.close()
+
+
+def test_a_rank_that_raises_alone_is_raised_here_and_stops_the_others():
+    torch.manual_seed(0)
+    # Split, so that rank 0 goes on to the row projection's all-reduce, which rank 1 never joins.
+    model = ts.tensor_parallel(faulty.RaisesOnOneRank(rank=1).to(F64), CPU2, plan={"up": "column", "down": "row"})
+    try:
+        x = torch.randn(3, 8, dtype=F64)
+        model(x)
+        start = time.monotonic()
+        with pytest.raises(ValueError, match="raised on purpose on one rank") as raised:
+            model(x, armed=True)
+        assert time.monotonic() - start < 15
+        notes = "".join(getattr(raised.value, "__notes__", []))
+        assert "rank 1 (cpu)" in notes and "must be built again" in notes, notes
+        assert all(p.poll() is not None for p in model._pool.processes), "a worker outlived the fault"
+        with pytest.raises(ts.one_process.BrokenModelError, match="built again"):
+            model(x)
+    finally:
+        model.close()
+
+
+def test_an_exception_on_every_rank_leaves_a_working_model():
+    torch.manual_seed(0)
+    reference = faulty.RaisesOnEveryRank().to(F64)
+    model = ts.tensor_parallel(copy.deepcopy(reference), CPU2)
+    try:
+        with pytest.raises(ValueError, match="expected 8 features, got 5"):
+            model(torch.randn(3, 5, dtype=F64))
+        x = torch.randn(3, 8, dtype=F64)
+        _close(model(x), reference(x), "after an error on every rank")
+    finally:
+        model.close()
+
+
+def test_a_rank_that_exits_is_raised_here_within_seconds():
+    torch.manual_seed(0)
+    model = ts.tensor_parallel(faulty.ExitsOnOneRank(rank=1).to(F64), CPU2)
+    try:
+        start = time.monotonic()
+        with pytest.raises(ts.one_process.BrokenModelError, match=r"rank 1 \(cpu\) exited \(code 7\)"):
+            model(torch.randn(3, 8, dtype=F64), armed=True)
+        assert time.monotonic() - start < 15
+        assert all(p.poll() is not None for p in model._pool.processes)
+    finally:
+        model.close()
+
+
+def test_ctrl_c_stops_generate_and_leaves_a_working_model():
+    model, reference = _build(lambda: models.llama(kv_heads=2, heads=8), CPU2)
+    try:
+        model.eval()
+        reference.eval()
+        ids = _tokens(8, length=4)
+        timer = threading.Timer(1.5, signal.raise_signal, (signal.SIGINT,))
+        start = time.monotonic()
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            model.generate(ids, max_new_tokens=10_000, min_new_tokens=10_000, do_sample=False, pad_token_id=0)
+        timer.join()
+        assert time.monotonic() - start < 15
+        assert model._pool.broken is None
+        tokens = model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0)
+        assert torch.equal(tokens, reference.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0))
+    finally:
+        model.close()
+
+
+def test_bad_devices_are_refused_before_any_worker_starts():
+    net = torch.nn.Linear(4, 4)
+    for devices, message in ((["cpu", "cuda:0"], "mix kinds"), ([], "non-empty list"), ("cpu", "non-empty list"),
+                             (["cuda"], "index|CUDA device")):
+        with pytest.raises(ValueError, match=message):
+            ts.tensor_parallel(net, devices)
+    with pytest.raises(TypeError, match="group= is not an option"):
+        ts.tensor_parallel(net, CPU2, group="tp")
+
+
+def test_a_script_run_with_python_and_a_model_class_written_in_it(tmp_path):
+    """No torchrun, no ``if __name__ == "__main__"`` guard, the model's class defined in the script
+    itself (as in a notebook cell): the workers get the class by value."""
+    script = tmp_path / "notebook.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        import shardtorch as ts
+
+        class Mlp(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.up, self.down = torch.nn.Linear(8, 32), torch.nn.Linear(32, 8)
+
+            def forward(self, x):
+                return self.down(torch.nn.functional.gelu(self.up(x)))
+
+        torch.manual_seed(0)
+        whole = Mlp().double()
+        model = ts.tensor_parallel(Mlp().double(), ["cpu", "cpu"])
+        model.load_state_dict(whole.state_dict())
+        x = torch.randn(4, 8, dtype=torch.float64)
+        print("max error", (model(x) - whole(x)).abs().max().item())
+    """))
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    error = float(done.stdout.strip().split()[-1])
+    assert error <= 1e-12, done.stdout
