@@ -84,10 +84,10 @@ class WorkerPool:
                                            timeout_s=timeout_s))
             self.run_setup()
         except BaseException:
+            listener.close()
             self.stop()
             raise
-        finally:
-            listener.close()
+        listener.close()
 
     def _accept(self, listener, timeout_s: float):
         """One connection per rank, in rank order (each worker says its rank first)."""

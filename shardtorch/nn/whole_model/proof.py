@@ -240,22 +240,39 @@ def _weights_for(outputs: Sequence[torch.Tensor]) -> List[torch.Tensor]:
     return [torch.randn(o.shape, generator=g, dtype=torch.float64).to(o.device, o.dtype) for o in outputs]
 
 
-def _factors(name: str, shape, device, dtype) -> List[torch.Tensor]:
-    """R of a parameter, as one vector per dimension: R[i, j, ...] = u0[i] * u1[j] * ... with unit-variance
-    entries drawn from the parameter's name, so that both runs and every rank draw the same, and neither
-    R nor a float64 copy of the gradient is ever formed (<g, R> is a chain of matrix-vector products)."""
+def _factors(name: str, shape, device) -> List[torch.Tensor]:
+    """R of a parameter, as one float64 vector per dimension: R[i, j, ...] = u0[i] * u1[j] * ... with
+    unit-variance entries drawn from the parameter's name, so that both runs and every rank draw the
+    same, and R is never formed (<g, R> is a chain of matrix-vector products)."""
     g = _generator(zlib.crc32(name.encode()))
-    return [torch.randn(n, generator=g, dtype=torch.float64).to(device, dtype) for n in shape]
+    return [torch.randn(n, generator=g, dtype=torch.float64).to(device) for n in shape]
+
+
+#: Elements of a gradient taken to float64 at a time by _sketch.
+_SKETCH_BLOCK = 1 << 20
 
 
 def _sketch(grad: torch.Tensor, factors: List[torch.Tensor]) -> torch.Tensor:
-    """float64 [<grad, R>, |grad|^2] (R from ``factors``), in the gradient's own dtype (float32 or
-    float64: a 16-bit model is proven in float32)."""
-    dot = grad
-    for u in reversed(factors):  # each product contracts the last dimension
-        dot = dot @ u
-    norm = torch.linalg.vector_norm(grad)
-    return torch.stack([dot.to(torch.float64), norm.to(torch.float64) ** 2]).cpu()
+    """float64 [<grad, R>, |grad|^2] (R from ``factors``), summed in float64 over blocks of rows taken to
+    float64 one at a time: in float32, <grad, R> of a large gradient (a 50,257-row vocabulary) is a sum
+    of terms whose magnitudes add up to thousands of times |grad|, and its rounding alone reached the
+    float32 bound; no float64 copy of the whole gradient is made."""
+    if grad.dim() == 0:  # R is the scalar 1
+        value = grad.to(torch.float64)
+        return torch.stack([value, value * value]).cpu()
+    rows = grad.shape[0]
+    per_row = max(1, grad[0].numel())
+    step = max(1, _SKETCH_BLOCK // per_row)
+    dot = torch.zeros((), dtype=torch.float64, device=grad.device)
+    square = torch.zeros((), dtype=torch.float64, device=grad.device)
+    for start in range(0, rows, step):
+        block = grad[start:start + step].to(torch.float64)
+        contracted = block
+        for u in reversed(factors[1:]):  # each product contracts the last dimension
+            contracted = contracted @ u
+        dot += contracted @ factors[0][start:start + step]
+        square += block.square().sum()
+    return torch.stack([dot, square]).cpu()
 
 
 def _shard_of(vector: torch.Tensor, layout) -> torch.Tensor:
@@ -349,7 +366,7 @@ def _on_each_gradient(model: nn.Module, take: Callable[[str, torch.Tensor], None
 def whole_sketch(model: nn.Module, record: Record) -> Callable[[], None]:
     """Each parameter's sketch, from its whole gradient."""
     def take(name, g):
-        record.sketches[name] = _sketch(g, _factors(name, g.shape, g.device, g.dtype))
+        record.sketches[name] = _sketch(g, _factors(name, g.shape, g.device))
     return _on_each_gradient(model, take)
 
 
@@ -363,11 +380,11 @@ def parallel_sketch(layouts: Dict[str, object], group: str) -> Callable[[nn.Modu
         def take(name, g):
             layout = layouts.get(name)
             if layout is not None and layout.sharded:
-                factors = _factors(name, layout.full_shape, g.device, g.dtype)
+                factors = _factors(name, layout.full_shape, g.device)
                 factors[layout.dim] = _shard_of(factors[layout.dim], layout)
                 sharded[name] = _sketch(g, factors)
             else:
-                record.sketches[name] = _sketch(g, _factors(name, g.shape, g.device, g.dtype))
+                record.sketches[name] = _sketch(g, _factors(name, g.shape, g.device))
         remove = _on_each_gradient(model, take)
 
         def finish():
