@@ -29,16 +29,3 @@ class RaisesOnOneRank(_Faulty):
 class ExitsOnOneRank(_Faulty):
     def fault(self):
         os._exit(7)
-
-
-class RaisesOnEveryRank(nn.Module):
-    """Refuses a batch wider than 8 features on every rank, before any collective."""
-
-    def __init__(self):
-        super().__init__()
-        self.up, self.down = nn.Linear(8, 16), nn.Linear(16, 8)
-
-    def forward(self, x):
-        if x.shape[-1] != 8:
-            raise ValueError(f"expected 8 features, got {x.shape[-1]}")
-        return self.down(torch.relu(self.up(x)))
