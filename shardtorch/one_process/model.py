@@ -50,20 +50,19 @@ class TensorParallelModel(nn.Module):
         self._dropped: List[int] = []
         self._steps = 0
         self._anchor = torch.zeros((), requires_grad=True)
-        described = pool.described  # per rank: [(name, tensor, sharded, exposed)]
-        self._names = [name for name, *_ in described[0]]
-        self._sharded = [sharded for _, _, sharded, _ in described[0]]
-        self._views: List[List[torch.Tensor]] = [[t for _, t, _, _ in ranks] for ranks in described]
-        self._exposed = [[exposed for *_, exposed in ranks] for ranks in described]
-        self._grad_views: Optional[List[List[Optional[torch.Tensor]]]] = None
+        described = pool.described  # per rank: [(name, tensor, sharded, exposed, requires_grad)]
+        self._names = [entry[0] for entry in described[0]]
+        self._sharded = [entry[2] for entry in described[0]]
+        self._views: List[List[torch.Tensor]] = [[entry[1] for entry in ranks] for ranks in described]
+        self._grad_views: List[dict] = [{} for _ in described]  # per rank: {parameter index: its gradient buffer}
         self.shards = nn.ModuleList()
         # Per rank: {parameter index: the caller's Parameter on the rank's memory}.
         self._parameters_of: List[dict] = []
         for rank, ranks in enumerate(described):
             holder, mine = _Holder(), {}
-            for index, (name, tensor, sharded, exposed) in enumerate(ranks):
+            for index, (name, tensor, sharded, exposed, requires_grad) in enumerate(ranks):
                 if exposed:
-                    mine[index] = nn.Parameter(tensor, requires_grad=True)
+                    mine[index] = nn.Parameter(tensor, requires_grad=requires_grad)
                     _holder_tree(holder, name, mine[index])
             self.shards.append(holder)
             self._parameters_of.append(mine)
@@ -182,24 +181,23 @@ class TensorParallelModel(nn.Module):
         grads = [None if g is None else g.detach() for g in grads]
         payloads = [dict(step=number, grads=grads, reset=self._resets(rank)) for rank in range(len(self.devices))]
         replies = self._run("backward", payloads)
-        if self._grad_views is None:
-            self._grad_views = [reply[2] for reply in replies]
-        for rank, (_, participated, _) in enumerate(replies):
+        for rank, (_, participated, new_buffers) in enumerate(replies):
+            self._grad_views[rank].update(new_buffers)
             took_part = set(participated)
             for index, param in self._parameters_of[rank].items():
-                view = self._grad_views[rank][index]
-                if param.grad is view or index in took_part:
+                view = self._grad_views[rank].get(index)
+                if view is not None and (param.grad is view or index in took_part):
                     param.grad = view
         return replies[0][0]
 
     def _resets(self, rank: int) -> List[int]:
         """The gradient buffers this rank must zero before backward: those whose parameter has no
         gradient here (None after zero_grad); a gradient the caller set itself is copied in."""
-        if self._grad_views is None:
-            return []
         reset = []
         for index, param in self._parameters_of[rank].items():
-            view = self._grad_views[rank][index]
+            view = self._grad_views[rank].get(index)
+            if view is None:
+                continue  # no buffer yet: the rank makes it zeroed
             if param.grad is None:
                 reset.append(index)
             elif param.grad is not view:

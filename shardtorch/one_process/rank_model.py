@@ -16,6 +16,7 @@ import shardtorch as ts
 from ..distributed import collectives
 from ..nn.whole_model.lazy_logits import LazyLogits
 from .structure import KeptObject, LazySlot, TensorSlot, map_structure
+from .wire import share_memory
 
 
 class _Step:
@@ -48,7 +49,7 @@ class RankModel:
         self.params = list(self.model.named_parameters())
         self.layout = self._sharded_names()
         self.exposed = [rank == 0 or name in self.layout for name, _ in self.params]
-        self.grad_buffers: Optional[List[Optional[torch.Tensor]]] = None
+        self.grad_buffers: Dict[int, torch.Tensor] = {}
         self.participated = set()
         self.steps: Dict[int, _Step] = {}
 
@@ -66,14 +67,14 @@ class RankModel:
         return {key for key, entry in model_layout(self.model).items() if entry.sharded}
 
     def describe(self) -> list:
-        """[(name, the parameter in memory the caller can map, sharded, exposed)] in a fixed order:
+        """[(name, the parameter in memory the caller can map, sharded, exposed, requires_grad)] in a fixed order:
         the split parameters of every rank and rank 0's copy of each replicated one are what the
         caller's ``parameters()`` lists."""
         described = []
         for (name, param), exposed in zip(self.params, self.exposed):
             if self.device.type == "cpu":
-                param.share_memory_()
-            described.append((name, param.detach(), name in self.layout, exposed))
+                share_memory(param)
+            described.append((name, param.detach(), name in self.layout, exposed, param.requires_grad))
         return described
 
     # -- commands -------------------------------------------------------------------------------
@@ -160,27 +161,23 @@ class RankModel:
         return input_grads, sorted(self.participated), new_buffers
 
     def _prepare_gradients(self, reset):
-        """Points each exposed parameter's ``.grad`` at its buffer (made, zeroed and shared on the first
-        backward) so that autograd accumulates in place; zeroes the buffers the caller has no gradient
-        for. Returns the new buffers (first backward only) for the caller to map."""
-        new = None
-        if self.grad_buffers is None:
-            new = []
-            self.grad_buffers = []
-            for index, ((_, param), exposed) in enumerate(zip(self.params, self.exposed)):
-                buffer = None
-                if exposed:
-                    buffer = torch.zeros_like(param, memory_format=torch.contiguous_format)
-                    if buffer.device.type == "cpu":
-                        buffer.share_memory_()
-                    param.register_post_accumulate_grad_hook(lambda _, index=index: self.participated.add(index))
-                self.grad_buffers.append(buffer)
-                new.append(buffer)
-            reset = [i for i, b in enumerate(self.grad_buffers) if b is not None]
+        """Points each exposed trainable parameter's ``.grad`` at its buffer (made zeroed and shared when
+        the parameter first trains) so that autograd accumulates in place; zeroes the buffers the caller
+        has no gradient for. Returns the new buffers {index: buffer} for the caller to map."""
+        new = {}
+        for index, ((_, param), exposed) in enumerate(zip(self.params, self.exposed)):
+            if exposed and param.requires_grad and index not in self.grad_buffers:
+                buffer = torch.zeros_like(param, memory_format=torch.contiguous_format)
+                if buffer.device.type == "cpu":
+                    share_memory(buffer)
+                param.register_post_accumulate_grad_hook(lambda _, index=index: self.participated.add(index))
+                self.grad_buffers[index] = new[index] = buffer
         for index in reset:
-            self.grad_buffers[index].zero_()
-        for (_, param), buffer in zip(self.params, self.grad_buffers):
-            if buffer is not None and param.grad is not buffer:
+            if index in self.grad_buffers and index not in new:
+                self.grad_buffers[index].zero_()
+        for index, buffer in self.grad_buffers.items():
+            param = self.params[index][1]
+            if param.grad is not buffer:
                 param.grad = buffer
         return new
 

@@ -30,8 +30,33 @@ def loads(data: bytes):
     return pickle.loads(data)
 
 
+_NO_ROOM = ("tensor_parallel: the shared memory that the caller and its workers exchange tensors through "
+            "(/dev/shm) is full: it must hold the model, and its parameters and gradients while the model lives. "
+            "In a container, start it with a larger --shm-size (or --ipc=host), as PyTorch's DataLoader workers "
+            "need too")
+
+
+def _with_hint(error: RuntimeError) -> RuntimeError:
+    if "No space left on device" in str(error) or "unable to write to file" in str(error):
+        error.add_note(_NO_ROOM)
+    return error
+
+
+def share_memory(tensor) -> None:
+    """``tensor``'s storage moved to shared memory (where the caller maps it), with the fix named when
+    there is no room."""
+    try:
+        tensor.share_memory_()
+    except RuntimeError as error:
+        raise _with_hint(error)
+
+
 def send(connection, value) -> None:
-    connection.send_bytes(dumps(value))
+    try:
+        data = dumps(value)
+    except RuntimeError as error:
+        raise _with_hint(error)
+    connection.send_bytes(data)
 
 
 def receive(connection):

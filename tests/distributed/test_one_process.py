@@ -283,3 +283,31 @@ def test_the_example_runs():
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "reloaded model's tokens are the same: True" in done.stdout, done.stdout
+
+
+def test_a_peft_lora_model_trains_only_its_adapters_and_saves_them(tmp_path):
+    from peft import LoraConfig, get_peft_model
+    torch.manual_seed(0)
+    reference = get_peft_model(models.gpt2().to(F64), LoraConfig(r=4, target_modules=["c_attn", "c_proj"],
+                                                                 lora_dropout=0.0, init_lora_weights=False))
+    model = ts.tensor_parallel(copy.deepcopy(reference), CPU2)
+    try:
+        def trainable(net):
+            return [p for p in net.parameters() if p.requires_grad]
+        # The frozen base stays frozen on the caller's side too.
+        assert sum(p.numel() for p in trainable(model)) == sum(p.numel() for p in trainable(reference))
+        assert sum(p.numel() for p in trainable(model)) < sum(p.numel() for p in model.parameters()) // 10
+        adam, expected_adam = torch.optim.AdamW(trainable(model), lr=1e-2), torch.optim.AdamW(trainable(reference),
+                                                                                               lr=1e-2)
+        ids = _tokens(9)
+        for _ in range(2):
+            for optimizer, net in ((adam, model), (expected_adam, reference)):
+                optimizer.zero_grad()
+                _causal_loss(net(input_ids=ids).logits, ids).backward()
+                optimizer.step()
+        _whole_state_close(model, reference, "LoRA after 2 AdamW steps", 1e-9)
+        model.save_pretrained(str(tmp_path / "adapter"))
+        assert sorted(os.listdir(tmp_path / "adapter")) == ["README.md", "adapter_config.json",
+                                                            "adapter_model.safetensors"]
+    finally:
+        model.close()
