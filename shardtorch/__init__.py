@@ -14,7 +14,7 @@ from .checkpoint import (collect_optimizer_state_dict, collect_state_dict, load_
                          relocate_optimizer_state_dict, relocate_state_dict, save_sharded)
 # TorchShard 0.1.0's top-level names (docs/torchshard.md).
 from .nn.parallel.plain_ddp import register_ddp_parameters_to_ignore
-from .one_process import tensor_parallel
+from .one_process import TensorParallelModel, tensor_parallel
 from .utils.parallel_dim import (ORDER_ATTR as _ORDER_ATTR, PARALLEL_DIM_ATTR as _PARALLEL_DIM, get_parallel_dim,
                                  register_parallel_attribute, register_parallel_dim, set_attribute)
 from .utils.tensor_slice import slice
@@ -27,7 +27,7 @@ cuda_built = _C.cuda_built
 #: Prefix for CMake's find_package(shardtorch) from C++ programs.
 cmake_prefix_path = _os.path.dirname(_os.path.abspath(__file__))
 
-__all__ = ["checkpoint", "distributed", "nn", "optim", "random", "utils", "tensor_parallel", "collect_state_dict", "relocate_state_dict",
+__all__ = ["checkpoint", "distributed", "nn", "optim", "random", "utils", "tensor_parallel", "TensorParallelModel", "collect_state_dict", "relocate_state_dict",
            "collect_optimizer_state_dict", "relocate_optimizer_state_dict", "save_sharded", "load_sharded",
            "load_sharded_state_dict", "cmake_prefix_path", "cuda_built", "__version__", "TORCH_VERSION",
            "register_ddp_parameters_to_ignore", "get_parallel_dim", "register_parallel_dim",
