@@ -50,7 +50,8 @@ class TensorParallelModel(nn.Module):
         self._dropped: List[int] = []
         self._steps = 0
         self._anchor = torch.zeros((), requires_grad=True)
-        described = pool.described  # per rank: [(name, tensor, sharded, exposed, requires_grad)]
+        described = [entries for entries, _ in pool.described]  # per rank: [(name, tensor, sharded, exposed,
+        # requires_grad)]
         self._names = [entry[0] for entry in described[0]]
         self._sharded = [entry[2] for entry in described[0]]
         self._views: List[List[torch.Tensor]] = [[entry[1] for entry in ranks] for ranks in described]
@@ -66,6 +67,7 @@ class TensorParallelModel(nn.Module):
                     _holder_tree(holder, name, mine[index])
             self.shards.append(holder)
             self._parameters_of.append(mine)
+        self.train(pool.described[0][1])  # the mode the model was in (from_pretrained returns it in eval)
 
     # -- what the caller sees ---------------------------------------------------------------------
     @property

@@ -67,7 +67,8 @@ class RankModel:
         return {key for key, entry in model_layout(self.model).items() if entry.sharded}
 
     def describe(self) -> list:
-        """[(name, the parameter in memory the caller can map, sharded, exposed, requires_grad)] in a fixed order:
+        """([(name, the parameter in memory the caller can map, sharded, exposed, requires_grad)], whether
+        the model is in training mode); the parameters in a fixed order:
         the split parameters of every rank and rank 0's copy of each replicated one are what the
         caller's ``parameters()`` lists."""
         described = []
@@ -75,7 +76,7 @@ class RankModel:
             if self.device.type == "cpu":
                 share_memory(param)
             described.append((name, param.detach(), name in self.layout, exposed, param.requires_grad))
-        return described
+        return described, self.model.training
 
     # -- commands -------------------------------------------------------------------------------
     def run(self, command: str, payload):

@@ -127,6 +127,13 @@ def test_llama_grouped_heads_on_three_devices_trains_and_generates_as_unsharded(
         ids = _tokens(3)
         reference.eval()
         model.eval()
+        # A decoding step by hand: the cache a forward returns stays on the ranks (each its heads), and
+        # passing it back in gives each rank its own.
+        with torch.no_grad():
+            first, expected_first = model(input_ids=ids, use_cache=True), reference(input_ids=ids, use_cache=True)
+            step = model(input_ids=ids[:, -1:], past_key_values=first.past_key_values, use_cache=True)
+            expected = reference(input_ids=ids[:, -1:], past_key_values=expected_first.past_key_values, use_cache=True)
+        _close(step.logits, expected.logits, "llama decoding step on the ranks' caches")
         tokens = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
         assert torch.equal(tokens, reference.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0))
         # The loss from the caller's own code on the (lazy) whole logits: gradients through the logits.
