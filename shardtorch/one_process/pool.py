@@ -23,7 +23,14 @@ from typing import List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from ..utils.fork_server import ForkServers
 from . import wire
+
+# The workers' fork servers: what every worker imports, once per caller (the first model pays it).
+_SERVERS = ForkServers(preload=("torch", "torch.distributed", "shardtorch", "shardtorch.one_process.rank_model"),
+                       optional_preload=("transformers", "transformers.modeling_utils", "transformers.generation"),
+                       # pytest names each test in the environment: models built in a test suite still fork.
+                       runtime_variables=("SHARDTORCH_ONE_PROCESS_KEY", "PYTEST_CURRENT_TEST"))
 
 
 _POLL_S = 0.2
@@ -63,19 +70,23 @@ class WorkerPool:
         listener = multiprocessing.connection.Listener(address, family="AF_UNIX", authkey=authkey)
         self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                                     timeout=__import__("datetime").timedelta(seconds=timeout_s))
-        env = dict(os.environ, SHARDTORCH_ONE_PROCESS_KEY=authkey.hex(), OMP_NUM_THREADS=str(threads))
+        env = dict(os.environ, SHARDTORCH_ONE_PROCESS_KEY=authkey.hex())
         for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
                      "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT"):
             env.pop(name, None)
         package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = package_root + os.pathsep + env.get("PYTHONPATH", "")
-        self.processes: List[subprocess.Popen] = []
+        self.processes = []
         self.connections: List[Optional[multiprocessing.connection.Connection]] = []
         try:
             for rank in range(len(self.devices)):
-                self.processes.append(subprocess.Popen(
-                    [sys.executable, "-m", "shardtorch.one_process.worker", address, str(rank),
-                     str(len(self.devices))], env=env, start_new_session=True))
+                command = [sys.executable, "-m", "shardtorch.one_process.worker", address, str(rank),
+                           str(len(self.devices))]
+                rank_env = dict(env, RANK=str(rank), WORLD_SIZE=str(len(self.devices)))
+                # Forked from a server that has imported torch, shardtorch and transformers already
+                # (utils/fork_server.py), else a fresh interpreter.
+                process = _SERVERS.spawn(command, rank_env, os.getcwd(), capture=False)
+                self.processes.append(process or subprocess.Popen(command, env=rank_env, start_new_session=True))
             self._pidfds = [_pidfd(p.pid) for p in self.processes]
             self.connections = self._accept(listener, start_timeout_s)
             for rank, connection in enumerate(self.connections):
