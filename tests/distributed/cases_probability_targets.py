@@ -73,6 +73,32 @@ def case_float32_and_bfloat16():
         _check(_class_counts()[0], layout, "mean", "sharded", 0.1, 1e-3, pass_num_classes=False, dtype=dtype)
 
 
+def case_large_confident_logits_float32():
+    """Logits near 1000, the target on each row's top class: each rank sums B
+    (probability_target.h) relative to its own max, and the combined loss
+    rebases them to the row's, so the float32 loss keeps its relative
+    accuracy whichever rank holds the top class (old: B = sum w p z, up to 1%
+    of the loss off). Against float64 of the same float32 logits."""
+    classes = 3000 + _size() - 1
+    g = torch.Generator().manual_seed(5)
+    full = torch.randn(8, classes, dtype=torch.float64, generator=g)
+    top = torch.randint(0, classes, (8,), generator=g)
+    full[torch.arange(8), top] += 12.0
+    full = (full + 1000.0).float()
+    probs = torch.full((8, classes), 1e-6, dtype=torch.float64)
+    probs[torch.arange(8), top] = 1.0 - 1e-6 * (classes - 1)
+    probs = probs.float()
+    x = ts.utils.register_parallel_dim(shard_of(full, -1).clone().requires_grad_(), -1)
+    loss = F_TS.parallel_cross_entropy(x, shard_of(probs, -1).clone(), None, -100, "none")
+    loss.sum().backward()
+    z = full.double().requires_grad_()
+    ref = -(probs.double() * (z - torch.logsumexp(z, -1, keepdim=True))).sum(-1)
+    ref.sum().backward()
+    torch.testing.assert_close(loss.double(), ref.detach(), rtol=1e-4, atol=0)
+    f32 = torch.finfo(torch.float32).eps
+    torch.testing.assert_close(x.grad.double(), shard_of(z.grad, -1), rtol=f32, atol=4 * f32)
+
+
 def case_ranks_may_mix_the_layouts():
     """Each rank reads its own target's size: rank 0 whole, the others sharded,
     is still the same loss."""

@@ -261,3 +261,44 @@ def test_errors_name_the_argument_the_rule_and_the_value():
         F_TS.parallel_linear_cross_entropy(x, W, b, grad_probs)
     expect_error(lambda: F_TS.parallel_margin_cross_entropy(x, W, probs), "parallel_linear_margin_cross_entropy",
                  "the margin loss is not defined for a probability (floating) target, got Double")
+
+
+def _confident_head(rows, classes, features=16, seed=0):
+    """x one-hot over `features` candidate classes spread over all classes,
+    W = 12 on each candidate's feature, b near 1000 on a 2**-10 grid, so that
+    every logit (b_c, or b_c + 12 on the row's top class) is exact in float32
+    and float64 alike; the target puts all but 1e-6 a class on the top class."""
+    g = torch.Generator().manual_seed(seed)
+    candidates = torch.randperm(classes, generator=g)[:features]
+    pick = torch.randint(0, features, (rows,), generator=g)
+    x = torch.nn.functional.one_hot(pick, features).double()
+    W = torch.zeros(classes, features, dtype=torch.float64)
+    W[candidates, torch.arange(features)] = 12.0
+    b = (1000.0 + torch.randn(classes, dtype=torch.float64, generator=g)).mul(1024).round().div(1024)
+    probs = torch.full((rows, classes), 1e-6, dtype=torch.float64)
+    probs[torch.arange(rows), candidates[pick]] = 1.0 - 1e-6 * (classes - 1)
+    return x, W, b, probs
+
+
+@pytest.mark.parametrize("reduction,chunk", [("sum", 4096), ("none", 512)])
+def test_large_confident_logits_do_not_cancel(reduction, chunk):
+    """probability_target.h's B summed relative to the row's max: in one
+    block with gradients in forward ('sum'), and over chunks whose max grows
+    from chunk to chunk ('none', then the separate backward). float32 against
+    float64 of the same (exact) logits, written out plainly."""
+    x, W, b, probs = _confident_head(rows=64, classes=3000)
+    xs, Ws, bs = (t.float().requires_grad_() for t in (x, W, b))
+    loss = F_TS.parallel_linear_cross_entropy(xs, Ws, bs, probs.float(), None, reduction=reduction,
+                                              chunk_size=chunk)
+    loss.sum().backward()
+    z = (x @ W.t() + b).requires_grad_()
+    row_loss = -(probs.float().double() * (z - torch.logsumexp(z, -1, keepdim=True))).sum(-1)
+    ref = row_loss.sum() if reduction == "sum" else row_loss
+    ref.sum().backward()
+    assert (row_loss > 1e-3).all() and (row_loss < 0.5).all()  # small against lse ~ 1000
+    # The old float32 B (sum of p z near 1000) was up to 0.8% of the loss off.
+    torch.testing.assert_close(loss.double(), ref.detach(), rtol=1e-4, atol=0)
+    # d loss / d b is the logit gradient summed over rows: float32's rounding
+    # of its terms (softmax and p, at most 1) per row.
+    f32 = torch.finfo(torch.float32).eps
+    torch.testing.assert_close(bs.grad.double(), z.grad.sum(0), rtol=0, atol=4 * f32 * 64)

@@ -207,3 +207,74 @@ def test_errors_name_the_argument_the_rule_and_the_value():
     x, w = torch.randn(4, 3, dtype=torch.float64), torch.randn(6, 3, dtype=torch.float64)
     expect_error(lambda: F_TS.parallel_margin_cross_entropy(x, w, probs), "parallel_linear_margin_cross_entropy",
                  "the margin loss is not defined for a probability (floating) target, got Double")
+
+
+def _confident(rows, classes, dtype, seed, scale=1000.0):
+    """Logits near `scale` with one class 12 ahead in each row, and a target
+    that puts all but 1e-6 per class on that class: the loss (about 0.1) is
+    a small difference of sums near scale, which a float32 sum of p z loses
+    (its rounding is about scale * 6e-8 per term)."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(rows, classes, dtype=torch.float64, generator=g)
+    top = torch.randint(0, classes, (rows,), generator=g)
+    logits[torch.arange(rows), top] += 12.0
+    logits = (logits + scale).to(dtype)
+    probs = torch.full((rows, classes), 1e-6, dtype=torch.float64)
+    probs[torch.arange(rows), top] = 1.0 - 1e-6 * (classes - 1)
+    return logits, probs.to(dtype)
+
+
+def _plain_float64_loss_and_grad(logits, probs, weight):
+    """-sum_c w_c p_c log_softmax(z)_c per row and its logit gradient, in
+    float64 from the given (already rounded) values, written out plainly."""
+    z = logits.double().clone().requires_grad_()
+    p = probs.double()
+    w = torch.ones(z.shape[-1], dtype=torch.float64) if weight is None else weight.double()
+    log_softmax = z - torch.logsumexp(z, -1, keepdim=True)
+    loss = -(w * p * log_softmax).sum(-1)
+    loss.sum().backward()
+    return loss.detach(), z.grad
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_large_confident_logits_do_not_cancel(dtype, weighted):
+    """The loss A lse - B (A = sum w p, B = sum w p z) cancels for logits near
+    1000 whose target sits on the row's top class: B is summed relative to
+    the row's max, so both terms stay small. Relative error of each row's
+    loss against float64 of the same rounded inputs."""
+    logits, probs = _confident(rows=16, classes=3000, dtype=dtype, seed=11)
+    weight = (torch.rand(3000, generator=torch.Generator().manual_seed(3)) + 0.5).to(dtype) if weighted else None
+    x = logits.clone().requires_grad_()
+    loss = F_TS.parallel_cross_entropy(x, probs, weight, -100, "none", 0.0, 0.0, parallel=True)
+    loss.sum().backward()
+    ref, ref_grad = _plain_float64_loss_and_grad(logits, probs, weight)
+    assert (ref > 1e-3).all() and (ref < 0.5).all()  # small against lse ~ 1000
+    eps = torch.finfo(dtype).eps
+    # The loss: float32 sums of one sign over 3000 classes, then one rounding
+    # into the dtype; the old float32 B was ~1e-4 off here (up to 0.8% of it).
+    torch.testing.assert_close(loss.double(), ref, rtol=1e-4 if dtype == torch.float32 else eps / 2, atol=0)
+    # The gradient: float32's rounding of its terms (softmax and w p, each up
+    # to max w), then one rounding into the dtype; bfloat16's second rounding
+    # of the softmax term near 1 (before the probability term) was ~2e-3 off.
+    w_max = 1.0 if weight is None else weight.double().max().item()
+    f32 = torch.finfo(torch.float32).eps
+    torch.testing.assert_close(x.grad.double(), ref_grad, rtol=eps / 2, atol=4 * f32 * w_max)
+
+
+@pytest.mark.parametrize("logits_dtype,target_dtype", [
+    (torch.float64, torch.float32), (torch.bfloat16, torch.float32), (torch.float16, torch.float16)])
+def test_target_in_another_dtype_and_layout(logits_dtype, target_dtype):
+    """The kernels read the target in its own dtype (the logits' or float32),
+    and a target whose columns are not adjacent (a transposed view) as it is (its GPU twin in
+    tests/gpu/test_probability_targets_cuda.py)."""
+    logits, probs, _ = _inputs(rows=33, classes=517, seed=2)
+    probs = probs.to(target_dtype)
+    for target in (probs, probs.t().contiguous().t()):
+        x = logits.to(logits_dtype).clone().requires_grad_()
+        loss = F_TS.parallel_cross_entropy(x, target, None, -100, "sum", 0.1, 0.0, parallel=True)
+        loss.backward()
+        ref, ref_grad = _reference(logits.to(logits_dtype), probs, None, "sum", 0.1, 0.0, 1.0)
+        tol = {torch.float64: 1e-6, torch.float16: 2e-3, torch.bfloat16: 2e-2}[logits_dtype]
+        torch.testing.assert_close(loss.double(), ref, rtol=tol, atol=tol)
+        torch.testing.assert_close(x.grad.double(), ref_grad, rtol=tol, atol=tol / 100)

@@ -54,7 +54,11 @@ bool gradients_in_forward(const at::Tensor& weight, int64_t reduction, bool any_
 
 // A gradient computed in forward times the upstream gradient `grad_loss` (one
 // value), in place or not; returned as is where grad_loss is a CPU 1
-// (loss.backward()), which costs no pass over a weight-sized gradient.
+// (loss.backward()), which costs no pass over a weight-sized gradient. On a
+// device the multiply stays, one pass over each gradient, no host wait: the
+// engine's seed of loss.backward() is an ordinary tensor that ones_like
+// filled on the device (nothing in it or in the graph says it holds 1), and
+// reading it is a copy to the host that waits for the whole forward.
 at::Tensor apply_upstream(const at::Tensor& gradient, const at::Tensor& grad_loss, bool in_place,
                           const char* op);
 

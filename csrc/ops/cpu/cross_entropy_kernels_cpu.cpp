@@ -11,6 +11,7 @@
 
 #include "ops/cpu/cpu_gemm.h"
 #include "ops/cpu/margin_rows_cpu.h"
+#include "ops/cpu/vector_isa.h"
 #include "ops/cross_entropy/cross_entropy_kernel_adapter.h"
 #include "ops/cross_entropy/cross_entropy_kernels.h"
 #include "ops/cross_entropy/margin_cross_entropy_kernel_adapter.h"
@@ -57,12 +58,103 @@ at::Tensor exp_shift(const at::Tensor& row_max) {
   return at::where(at::isneginf(row_max), at::zeros_like(row_max), row_max);
 }
 
+// A probability target's sums and gradient term as loops over its rows in
+// its own dtype (vector_isa.h), next to the row pass's block in cache: ATen
+// would cast the target (a copy), weight it (another) and reduce, each an op
+// with its own overhead per block of rows. The sums go in float64 lanes: the
+// lanes let the loop vectorise, and float64 keeps a row's one large
+// probability from swallowing the many small ones after it (float32 lanes
+// were 5e-7 off on a row of 0.997 and 2999 x 1e-6).
+constexpr int64_t kProbabilityLanes = 8;
+
+// a += sum_j w_j p_j, b += sum_j w_j p_j d_j over one row (w null: all 1).
+template <bool kWeighted, typename acc_t, typename prob_t>
+SHARDTORCH_INLINE_KERNEL void probability_row_sums(const acc_t* __restrict d,
+                                                   const prob_t* __restrict p,
+                                                   const acc_t* __restrict w, int64_t cols,
+                                                   acc_t* a_out, acc_t* b_out) {
+  double a[kProbabilityLanes] = {}, b[kProbabilityLanes] = {};
+  int64_t k = 0;
+  for (; k + kProbabilityLanes <= cols; k += kProbabilityLanes) {
+    for (int64_t l = 0; l < kProbabilityLanes; ++l) {
+      const acc_t pk = static_cast<acc_t>(p[k + l]);
+      const double wp = static_cast<double>(pk) * (kWeighted ? static_cast<double>(w[k + l]) : 1.0);
+      a[l] += wp;
+      b[l] += wp * static_cast<double>(d[k + l]);
+    }
+  }
+  double a_sum = 0, b_sum = 0;
+  for (; k < cols; ++k) {
+    const acc_t pk = static_cast<acc_t>(p[k]);
+    const double wp = static_cast<double>(pk) * (kWeighted ? static_cast<double>(w[k]) : 1.0);
+    a_sum += wp;
+    b_sum += wp * static_cast<double>(d[k]);
+  }
+  for (int64_t l = 0; l < kProbabilityLanes; ++l) {
+    a_sum += a[l];
+    b_sum += b[l];
+  }
+  *a_out = static_cast<acc_t>(static_cast<double>(*a_out) + a_sum);
+  *b_out = static_cast<acc_t>(static_cast<double>(*b_out) + b_sum);
+}
+template <typename acc_t, typename prob_t>
+SHARDTORCH_INLINE_KERNEL void probability_sums(const acc_t* d, const prob_t* p, int64_t p_stride,
+                                               const acc_t* w, int64_t rows, int64_t cols,
+                                               acc_t* stats) {
+  for (int64_t r = 0; r < rows; ++r) {
+    acc_t* s = stats + r * kNumRowStats;
+    if (w != nullptr) {
+      probability_row_sums<true>(d + r * cols, p + r * p_stride, w, cols, &s[kRowTargetWeight],
+                                 &s[kRowTargetLogit]);
+    } else {
+      probability_row_sums<false>(d + r * cols, p + r * p_stride, w, cols, &s[kRowTargetWeight],
+                                  &s[kRowTargetLogit]);
+    }
+  }
+}
+SHARDTORCH_ISA_VARIANTS(run_probability_sums, probability_sums)
+
+// g_ij -= scale_i w_j p_ij (w null: all 1), in the stats dtype.
+template <typename acc_t, typename prob_t>
+SHARDTORCH_INLINE_KERNEL void subtract_probability_term(acc_t* __restrict g,
+                                                        const prob_t* __restrict p,
+                                                        int64_t p_stride, const acc_t* __restrict w,
+                                                        const acc_t* coefs, int64_t rows,
+                                                        int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const acc_t scale = coefs[r * kNumGradCoefs + kCoefTargetScale];
+    acc_t* __restrict gr = g + r * cols;
+    const prob_t* __restrict pr = p + r * p_stride;
+    if (w != nullptr) {
+      for (int64_t k = 0; k < cols; ++k) gr[k] -= scale * w[k] * static_cast<acc_t>(pr[k]);
+    } else {
+      for (int64_t k = 0; k < cols; ++k) gr[k] -= scale * static_cast<acc_t>(pr[k]);
+    }
+  }
+}
+SHARDTORCH_ISA_VARIANTS(run_subtract_probability_term, subtract_probability_term)
+
+// Rows [row0, row0 + n) of a chunk of a probability target, with adjacent
+// columns (a target that has none is copied a block at a time), and f(data,
+// row stride) in its own dtype.
+template <typename F>
+void with_probability_block(const at::Tensor& probs, int64_t row0, int64_t n, int64_t col_begin,
+                            int64_t cols, const F& f) {
+  at::Tensor p = probs.narrow(0, row0, n).narrow(1, col_begin, cols);
+  if (cols > 1 && p.stride(1) != 1) p = p.contiguous();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, p.scalar_type(),
+                                  "parallel_cross_entropy_probabilities_cpu",
+                                  [&] { f(p.const_data_ptr<scalar_t>(), p.stride(0)); });
+}
+
 // `leave_exp`: the logits (in the stats dtype) become exp(x - shift) in place
-// (CrossEntropyKernels::accumulate_row_stats_leaving_exp).
+// (CrossEntropyKernels::accumulate_row_stats_leaving_exp). `probs`: a
+// probability target's sums (accumulate_row_stats) in the same blocks, while
+// the logits and x - shift are in cache.
 template <typename scalar_t, typename acc_t>
 void accumulate_rows(const at::Tensor& logits, int64_t col_begin, const at::Tensor& target_local,
-                     const at::Tensor& weight_local, const at::Tensor& stats,
-                     const at::Tensor& copy_to, bool leave_exp) {
+                     const at::Tensor& probs, const at::Tensor& weight_local,
+                     const at::Tensor& stats, const at::Tensor& copy_to, bool leave_exp) {
   const int64_t rows = logits.size(0), cols = logits.size(1);
   if (rows == 0 || cols == 0) return;
   const at::ScalarType acc = stats.scalar_type();
@@ -95,6 +187,21 @@ void accumulate_rows(const at::Tensor& logits, int64_t col_begin, const at::Tens
     const at::Tensor shift = exp_shift(new_max);
     at::Tensor shifted = leave_exp ? xa : shifted_storage.narrow(0, 0, n);
     at::sub_out(shifted, xa, shift.unsqueeze(1));
+    if (probs.defined()) {
+      // A += sum w p; B, relative to the shift, += sum w p (x - shift) after
+      // moving the running B to the new shift: terms of one sign where p and
+      // w are not negative, so neither sum cancels (cross_entropy_kernels.h).
+      // A masked (-inf) logit under a zero probability makes B NaN, as torch's
+      // -(p * log_softmax) is.
+      at::Tensor run_a = s.select(1, kRowTargetWeight), run_b = s.select(1, kRowTargetLogit);
+      run_b.sub_(run_a * (shift - exp_shift(run_max)));
+      const acc_t* d = shifted.const_data_ptr<acc_t>();
+      const acc_t* w = w_cols.defined() ? w_cols.const_data_ptr<acc_t>() : nullptr;
+      acc_t* s_data = s.data_ptr<acc_t>();
+      with_probability_block(probs, row0, n, col_begin, cols, [&](const auto* p, int64_t stride) {
+        run_probability_sums(d, p, stride, w, n, cols, s_data);
+      });
+    }
     const at::Tensor block_sum = shifted.exp_().sum(1);
     run_sum.mul_(at::sub(run_max, shift).exp_()).add_(block_sum);
     run_max.copy_(new_max);
@@ -105,8 +212,8 @@ void accumulate_rows(const at::Tensor& logits, int64_t col_begin, const at::Tens
 // left them with `leave_exp`, and `stats` what it wrote.
 template <typename scalar_t, typename acc_t>
 void softmax_grad_rows(const at::Tensor& values, int64_t col_begin, const at::Tensor& target_local,
-                       const at::Tensor& weight_local, const at::Tensor& coefs,
-                       const at::Tensor& stats) {
+                       const at::Tensor& probs, const at::Tensor& weight_local,
+                       const at::Tensor& coefs, const at::Tensor& stats) {
   const int64_t rows = values.size(0), cols = values.size(1);
   if (rows == 0 || cols == 0) return;
   const at::ScalarType acc = coefs.scalar_type();
@@ -151,11 +258,23 @@ void softmax_grad_rows(const at::Tensor& values, int64_t col_begin, const at::Te
         g.sub_(smooth);
       }
     }
+    if (probs.defined()) {
+      // - g (1 - e) w_j p_j, in the stats dtype before the one rounding into v.
+      acc_t* g_out = g.data_ptr<acc_t>();
+      const acc_t* w = w_cols.defined() ? w_cols.const_data_ptr<acc_t>() : nullptr;
+      const acc_t* c_rows = c_data + row0 * kNumGradCoefs;
+      with_probability_block(probs, row0, n, col_begin, cols, [&](const auto* p, int64_t stride) {
+        run_subtract_probability_term(g_out, p, stride, w, c_rows, n, cols);
+      });
+    }
     acc_t* g_data = g.data_ptr<acc_t>();
     for (int64_t r = 0; r < n; ++r) {
       const acc_t* cr = c_data + (row0 + r) * kNumGradCoefs;
       acc_t* gr = g_data + r * cols;
-      if (cr[kCoefGradScale] == acc_t(0) && cr[kCoefSmoothScale] == acc_t(0)) {  // ignored row
+      // An ignored row (all three 0; a probability row whose w p sums to 0
+      // has grad_scale 0 alone and keeps its probability term).
+      if (cr[kCoefGradScale] == acc_t(0) && cr[kCoefSmoothScale] == acc_t(0) &&
+          cr[kCoefTargetScale] == acc_t(0)) {
         std::fill(gr, gr + cols, acc_t(0));  // whatever its logits were (inf * 0 is nan)
         continue;
       }
@@ -169,43 +288,48 @@ void softmax_grad_rows(const at::Tensor& values, int64_t col_begin, const at::Te
 class CpuCrossEntropyKernels final : public CrossEntropyKernels {
  public:
   void accumulate_row_stats(const at::Tensor& logits, int64_t col_begin,
-                            const at::Tensor& target_local, const at::Tensor& weight_local,
-                            const at::Tensor& stats, const at::Tensor& copy_to) const override {
+                            const at::Tensor& target_local, const at::Tensor& target_probs,
+                            const at::Tensor& weight_local, const at::Tensor& stats,
+                            const at::Tensor& copy_to) const override {
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::kHalf, at::kBFloat16, logits.scalar_type(), "parallel_cross_entropy_forward_cpu", [&] {
           using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
-          accumulate_rows<scalar_t, acc_t>(logits, col_begin, target_local, weight_local, stats,
-                                           copy_to, /*leave_exp=*/false);
+          accumulate_rows<scalar_t, acc_t>(logits, col_begin, target_local, target_probs,
+                                           weight_local, stats, copy_to, /*leave_exp=*/false);
         });
   }
 
   bool accumulate_row_stats_leaving_exp(const at::Tensor& logits, const at::Tensor& target_local,
+                                        const at::Tensor& target_probs,
                                         const at::Tensor& weight_local,
                                         const at::Tensor& stats) const override {
     if (logits.scalar_type() != stats.scalar_type()) return false;
     AT_DISPATCH_FLOATING_TYPES(logits.scalar_type(), "parallel_cross_entropy_forward_cpu", [&] {
-      accumulate_rows<scalar_t, scalar_t>(logits, 0, target_local, weight_local, stats,
-                                          at::Tensor(), /*leave_exp=*/true);
+      accumulate_rows<scalar_t, scalar_t>(logits, 0, target_local, target_probs, weight_local,
+                                          stats, at::Tensor(), /*leave_exp=*/true);
     });
     return true;
   }
 
   void softmax_grad_inplace(const at::Tensor& values, int64_t col_begin,
-                            const at::Tensor& target_local, const at::Tensor& weight_local,
+                            const at::Tensor& target_local, const at::Tensor& target_probs,
+                            const at::Tensor& weight_local,
                             const at::Tensor& coefs) const override {
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::kHalf, at::kBFloat16, values.scalar_type(), "parallel_cross_entropy_backward_cpu", [&] {
           using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
-          softmax_grad_rows<scalar_t, acc_t>(values, col_begin, target_local, weight_local, coefs,
-                                             at::Tensor());
+          softmax_grad_rows<scalar_t, acc_t>(values, col_begin, target_local, target_probs,
+                                             weight_local, coefs, at::Tensor());
         });
   }
 
   void softmax_grad_from_exp_inplace(const at::Tensor& values, const at::Tensor& target_local,
-                                     const at::Tensor& weight_local, const at::Tensor& coefs,
+                                     const at::Tensor& target_probs, const at::Tensor& weight_local,
+                                     const at::Tensor& coefs,
                                      const at::Tensor& stats) const override {
     AT_DISPATCH_FLOATING_TYPES(values.scalar_type(), "parallel_cross_entropy_backward_cpu", [&] {
-      softmax_grad_rows<scalar_t, scalar_t>(values, 0, target_local, weight_local, coefs, stats);
+      softmax_grad_rows<scalar_t, scalar_t>(values, 0, target_local, target_probs, weight_local,
+                                            coefs, stats);
     });
   }
 
@@ -270,10 +394,6 @@ class CpuCrossEntropyKernels final : public CrossEntropyKernels {
     if (margin_project_rows_cpu(grad_rows, rows, a, b)) return;
     CrossEntropyKernels::project_out_rows(grad_rows, rows, a, b, acc);
   }
-
-  // A few MiB of temporaries, enough rows for the per-operation overhead not
-  // to show.
-  int64_t probability_block_elements() const override { return int64_t(1) << 20; }
 };
 
 }  // namespace

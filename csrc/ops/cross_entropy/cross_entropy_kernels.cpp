@@ -11,6 +11,7 @@ namespace ops {
 
 void CrossEntropyKernels::softmax_grad_from_exp_inplace(const at::Tensor&, const at::Tensor&,
                                                         const at::Tensor&, const at::Tensor&,
+                                                        const at::Tensor&,
                                                         const at::Tensor&) const {
   TORCH_INTERNAL_ASSERT(false,
                         "softmax_grad_from_exp_inplace without accumulate_row_stats_leaving_exp");

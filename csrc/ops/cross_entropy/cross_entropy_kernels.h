@@ -49,19 +49,32 @@ class CrossEntropyKernels {
   // [rows, kNumRowStats] (float32, float64 for float64 logits), merging max
   // and sum-exp online so that a shard may come in chunks.
   //   target_local [rows] int64: the local column of the row's target, or -1.
+  //   target_probs: undefined, or a probability target's columns of this
+  //   rank [rows, local_classes] (any floating dtype, unit column stride;
+  //   probability_target.h), whose target_local is all -1. Its sums go into
+  //   the target columns in the same pass:
+  //     kRowTargetWeight += sum_c w_c p_c                          (A)
+  //     kRowTargetLogit  += sum_c w_c p_c (z_c - shift)            (B)
+  //   shift being the row's max as kRowMax holds it after the call (0 where
+  //   that is -inf), B rebased whenever the max grows: summed relative to the
+  //   max, B does not cancel against A lse for large confident logits, where
+  //   sum w p z does in float32 (combine_over_group rebases it over ranks).
   //   weight_local [local_classes] in the stats dtype, or undefined (all 1).
   //   copy_to: undefined, or [rows, c] contiguous receiving the logits in the
   //   same pass (the backward buffer of the plain op).
   virtual void accumulate_row_stats(const at::Tensor& logits, int64_t col_begin,
-                                    const at::Tensor& target_local, const at::Tensor& weight_local,
-                                    const at::Tensor& stats, const at::Tensor& copy_to) const = 0;
+                                    const at::Tensor& target_local, const at::Tensor& target_probs,
+                                    const at::Tensor& weight_local, const at::Tensor& stats,
+                                    const at::Tensor& copy_to) const = 0;
 
   // In place over `values` [rows, c] contiguous (logits in, gradient out):
   //   v = grad_scale * exp(x - lse) - target_scale * [col == target]
-  //       - smooth_scale * w_col
+  //       - smooth_scale * w_col - target_scale * w_col * p_col
+  // the last term only with target_probs (as above), rounded once into v.
   // coefs [rows, kNumGradCoefs] in the stats dtype.
   virtual void softmax_grad_inplace(const at::Tensor& values, int64_t col_begin,
-                                    const at::Tensor& target_local, const at::Tensor& weight_local,
+                                    const at::Tensor& target_local, const at::Tensor& target_probs,
+                                    const at::Tensor& weight_local,
                                     const at::Tensor& coefs) const = 0;
 
   // The gradients-in-forward pair, for a block of rows holding all of this
@@ -72,21 +85,20 @@ class CrossEntropyKernels {
   // is then softmax_grad_inplace from those values and those stats, with one
   // multiply per logit where the other computes exp(x - lse) again:
   //   v = grad_scale * exp(max - lse) * v - target_scale * [col == target]
-  //       - smooth_scale * w_col
+  //       - smooth_scale * w_col (- target_scale * w_col * p_col)
   // The first returns false, having done nothing, where the kernels do not
   // have this pair (the default) or the logits are not in the stats dtype;
   // the second may only follow a first that returned true.
   virtual bool accumulate_row_stats_leaving_exp(const at::Tensor& logits,
                                                 const at::Tensor& target_local,
+                                                const at::Tensor& target_probs,
                                                 const at::Tensor& weight_local,
                                                 const at::Tensor& stats) const {
     return false;
   }
-  virtual void softmax_grad_from_exp_inplace(const at::Tensor& values,
-                                             const at::Tensor& target_local,
-                                             const at::Tensor& weight_local,
-                                             const at::Tensor& coefs,
-                                             const at::Tensor& stats) const;
+  virtual void softmax_grad_from_exp_inplace(
+      const at::Tensor& values, const at::Tensor& target_local, const at::Tensor& target_probs,
+      const at::Tensor& weight_local, const at::Tensor& coefs, const at::Tensor& stats) const;
 
   // The fused classifier's GEMMs. x and w share a dtype (the GEMM dtype).
   // Logits [rows, width] in `out` (the stats dtype) of x [rows, f] times the
@@ -116,11 +128,6 @@ class CrossEntropyKernels {
   // undefined is 1; a and b [n] in `acc`.
   virtual void project_out_rows(at::Tensor& grad_rows, const at::Tensor& rows, const at::Tensor& a,
                                 const at::Tensor& b, at::ScalarType acc) const;
-
-  // How many values the probability targets' passes (probability_target.h)
-  // take at a time, their temporaries' size: a few MiB on the CPU (cache),
-  // many rows of a million classes on a GPU (launches).
-  virtual int64_t probability_block_elements() const = 0;
 };
 
 }  // namespace ops

@@ -186,7 +186,7 @@ bool a_peer_raised_alone(const std::vector<double>& gathered, int64_t own_rank) 
 //   target_scale = g (1-e) w_t
 //   smooth_scale = g e / C
 // For a probability target w_t is the saved A = sum_c w_c p_c, and
-// target_scale is g (1-e), the factor of w_j p_j (subtract_probability_gradient).
+// target_scale is g (1-e), the factor of w_j p_j (the kernels' target_probs term).
 at::Tensor gradient_coefficients(const at::Tensor& grad_loss, const at::Tensor& saved,
                                  const CrossEntropyOptions& options, bool probability_target,
                                  at::ScalarType acc, const char* op) {
@@ -363,7 +363,16 @@ at::Tensor combine_over_group(const CrossEntropyForwardSetup& setup, const at::T
       (per_rank.select(2, kRowSumExp) * (maxes - row_max.unsqueeze(0)).exp()).sum(0);
   const at::Tensor lse =
       at::where(any_failed, std::numeric_limits<double>::quiet_NaN(), row_max + sum_exp.log());
-  const at::Tensor target_logit = per_rank.select(2, kRowTargetLogit).sum(0);
+  at::Tensor target_logit = per_rank.select(2, kRowTargetLogit);
+  if (setup.probability_target) {
+    // Each rank's B is relative to its own max (0 where -inf, the kernels'
+    // shift): rebased to row_max, every term keeps one sign, and the loss
+    // below is A (lse - row_max) - B, with no difference of large sums.
+    const at::Tensor rank_shift = at::where(maxes.isneginf(), at::zeros_like(maxes), maxes);
+    target_logit =
+        target_logit - per_rank.select(2, kRowTargetWeight) * (row_max.unsqueeze(0) - rank_shift);
+  }
+  target_logit = target_logit.sum(0);
   const at::Tensor weighted_sum = per_rank.select(2, kRowWeightedSum).sum(0);
   const at::Tensor target_weight = per_rank.select(2, kRowTargetWeight).sum(0);
   const at::Tensor weight_sum = gathered.select(1, rows).select(1, kGatheredWeightSum).sum();
@@ -374,9 +383,10 @@ at::Tensor combine_over_group(const CrossEntropyForwardSetup& setup, const at::T
   const at::Tensor C = gathered.select(1, rows).select(1, kGatheredLocalClasses).sum();
   const at::Tensor valid = counted_rows(setup, rows, options, stats.device());
   // Class indices: w_t (lse - x_t); probabilities: A lse - B with the target
-  // columns holding A = sum w p and B = sum w p x (probability_target.h).
+  // columns holding A = sum w p and B = sum w p (x - row_max)
+  // (probability_target.h).
   at::Tensor row_loss = setup.probability_target
-                            ? (1.0 - eps) * (target_weight * lse - target_logit)
+                            ? (1.0 - eps) * (target_weight * (lse - row_max) - target_logit)
                             : (1.0 - eps) * target_weight * (lse - target_logit);
   // Only with smoothing: masked (-inf) logits make the weighted sum -inf, and
   // 0 * -inf would turn torch's finite loss into NaN.

@@ -61,8 +61,8 @@ struct CrossEntropyForwardSetup {
   at::Tensor target_local;  // [rows]: the target's local column, or -1 (always with probabilities)
   at::Tensor weight_local;  // [local] in the stats dtype, or undefined
   // A probability target: this rank's columns [rows, local] (a view of the
-  // caller's target in its dtype; undefined when its size check failed), to be
-  // folded in by accumulate_probability_stats after the kernels' pass.
+  // caller's target in its dtype; undefined when its size check failed), which
+  // the kernels' row pass folds in (CrossEntropyKernels' target_probs).
   bool probability_target = false;
   at::Tensor target_probs;
 };
@@ -120,9 +120,9 @@ struct CrossEntropyBackwardSetup {
   at::Tensor coefs;         // [rows, kNumGradCoefs] in the stats dtype
   at::Tensor target_local;  // [rows]
   at::Tensor weight_local;  // [local] in the stats dtype, or undefined
-  // A probability target: this rank's columns [rows, local]; the gradient's
-  // probability term is then subtract_probability_gradient with the
-  // coefficients' kCoefTargetScale column (g (1 - e)).
+  // A probability target: this rank's columns [rows, local]; the kernels'
+  // backward pass subtracts its term, scaled by the coefficients'
+  // kCoefTargetScale column (g (1 - e)).
   at::Tensor target_probs;
 };
 

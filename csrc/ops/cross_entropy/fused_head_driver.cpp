@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "comm/registry.h"
-#include "ops/cross_entropy/probability_target.h"
 #include "ops/recycled_buffers.h"
 #include "ops/scratch_buffer.h"
 
@@ -18,16 +17,12 @@ namespace {
 // The targets' part of a tile, the same for every head: the per-row
 // statistics of a tile's logits, and d loss / d logits in place from the
 // coefficients. A target given as class probabilities (probability_target.h)
-// adds its sums to the statistics and its term to the gradient; `probs` is
-// then this rank's columns of the tile's rows, else undefined.
+// is setup.target_probs / `probs`, this rank's columns of the tile's rows,
+// which the kernels fold into the same passes; else undefined.
 void add_row_statistics(const CrossEntropyKernels& kernels, const at::Tensor& logits, int64_t begin,
                         const CrossEntropyForwardSetup& setup, const at::Tensor& stats) {
-  kernels.accumulate_row_stats(logits, begin, setup.target_local, setup.weight_local, stats,
-                               at::Tensor());
-  if (setup.probability_target) {
-    accumulate_probability_stats(logits, begin, setup.target_probs, setup.weight_local, stats,
-                                 kernels.probability_block_elements());
-  }
+  kernels.accumulate_row_stats(logits, begin, setup.target_local, setup.target_probs,
+                               setup.weight_local, stats, at::Tensor());
 }
 
 // add_row_statistics for a block of rows holding every column, into fresh
@@ -35,17 +30,11 @@ void add_row_statistics(const CrossEntropyKernels& kernels, const at::Tensor& lo
 // so that softmax_gradient (given `stats`) needs no exp. Whether it was.
 bool add_block_statistics(const CrossEntropyKernels& kernels, const at::Tensor& logits,
                           const CrossEntropyForwardSetup& setup, const at::Tensor& stats) {
-  // The probability target's sums read the logits: before they are replaced.
-  if (setup.probability_target) {
-    accumulate_probability_stats(logits, 0, setup.target_probs, setup.weight_local, stats,
-                                 kernels.probability_block_elements());
-  }
-  if (kernels.accumulate_row_stats_leaving_exp(logits, setup.target_local, setup.weight_local,
-                                               stats)) {
+  if (kernels.accumulate_row_stats_leaving_exp(logits, setup.target_local, setup.target_probs,
+                                               setup.weight_local, stats)) {
     return true;
   }
-  kernels.accumulate_row_stats(logits, 0, setup.target_local, setup.weight_local, stats,
-                               at::Tensor());
+  add_row_statistics(kernels, logits, 0, setup, stats);
   return false;
 }
 
@@ -56,14 +45,10 @@ void softmax_gradient(const CrossEntropyKernels& kernels, const at::Tensor& valu
                       const at::Tensor& probs, const at::Tensor& coefs,
                       const at::Tensor& exp_stats = at::Tensor()) {
   if (exp_stats.defined()) {
-    kernels.softmax_grad_from_exp_inplace(values, target_local, weight_local, coefs, exp_stats);
+    kernels.softmax_grad_from_exp_inplace(values, target_local, probs, weight_local, coefs,
+                                          exp_stats);
   } else {
-    kernels.softmax_grad_inplace(values, begin, target_local, weight_local, coefs);
-  }
-  if (probs.defined()) {
-    subtract_probability_gradient(values, begin, probs, weight_local,
-                                  coefs.select(1, kCoefTargetScale),
-                                  kernels.probability_block_elements());
+    kernels.softmax_grad_inplace(values, begin, target_local, probs, weight_local, coefs);
   }
 }
 

@@ -3,7 +3,6 @@
 #include <ATen/ATen.h>
 
 #include "ops/cross_entropy/cross_entropy_statistics.h"
-#include "ops/cross_entropy/probability_target.h"
 
 namespace shardtorch {
 namespace ops {
@@ -29,11 +28,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> parallel_cross_entropy_forward_im
   at::Tensor buffer = at::empty({rows, local}, logits.options());
   at::Tensor stats = fresh_row_stats(rows, setup, logits.device());
   if (setup.check.code == LocalCheck::kOk) {
-    kernels.accumulate_row_stats(x, 0, setup.target_local, setup.weight_local, stats, buffer);
-    if (setup.probability_target) {
-      accumulate_probability_stats(x, 0, setup.target_probs, setup.weight_local, stats,
-                                   kernels.probability_block_elements());
-    }
+    kernels.accumulate_row_stats(x, 0, setup.target_local, setup.target_probs, setup.weight_local,
+                                 stats, buffer);
   }
   at::Tensor saved = combine_over_group(setup, stats, options, kCrossEntropyForward);
   at::Tensor loss = reduce_loss(saved, target, options, logits.scalar_type());
@@ -55,13 +51,8 @@ void parallel_cross_entropy_backward_impl(const at::Tensor& grad_loss,
   const CrossEntropyBackwardSetup setup = prepare_cross_entropy_backward(
       grad_loss, row_stats, target, weight, options, local,
       cross_entropy_accumulate_type(logits_buffer.scalar_type()), kCrossEntropyBackward);
-  kernels.softmax_grad_inplace(logits_buffer, 0, setup.target_local, setup.weight_local,
-                               setup.coefs);
-  if (setup.target_probs.defined()) {
-    subtract_probability_gradient(logits_buffer, 0, setup.target_probs, setup.weight_local,
-                                  setup.coefs.select(1, kCoefTargetScale),
-                                  kernels.probability_block_elements());
-  }
+  kernels.softmax_grad_inplace(logits_buffer, 0, setup.target_local, setup.target_probs,
+                               setup.weight_local, setup.coefs);
 }
 
 }  // namespace ops

@@ -12,8 +12,11 @@
 // The smoothing terms are the class-index loss's own; A_i and B_i are sums over
 // classes, so each rank adds its own classes' parts and they travel in the one
 // gathered statistics (the RowStat target columns, which a probability target
-// leaves free). These passes are ATen, so every device runs them as they are;
-// the plain op and the fused heads call them on any block of columns.
+// leaves free). The device kernels take both sums in their forward row pass and
+// the probability term in their backward pass (CrossEntropyKernels'
+// target_probs), B_i relative to the row's max so that it does not cancel
+// against A_i lse_i; the plain op and the fused heads hand them this rank's
+// columns of the target, on any block of columns.
 
 #include <ATen/core/Tensor.h>
 
@@ -29,34 +32,6 @@ bool is_probability_target(const at::Tensor& target);
 // The rows of a probability target [*, T]: the product of its leading dims
 // (T may be 0 on a rank that holds no class).
 int64_t probability_target_rows(const at::Tensor& target);
-
-// The two passes take their arguments as CrossEntropyKernels' do, so that a
-// head that goes over its classes in chunks (and its rows in blocks, with
-// rows_of_setup) calls each right after the kernels' pass on the same chunk:
-//   logits / values [rows, c]: columns [col_begin, col_begin + c) of this
-//     rank's shard;
-//   probs [rows, local_classes]: this rank's columns of the target, any
-//     floating dtype (CrossEntropyForwardSetup / CrossEntropyBackwardSetup
-//     ::target_probs); weight_local [local_classes] in the stats dtype or
-//     undefined (all 1): both narrowed to the chunk here.
-
-// Adds the chunk's parts of A_i and B_i (above) to stats [rows,
-// kNumRowStats] (the stats dtype): A_i to kRowTargetWeight, B_i to
-// kRowTargetLogit. combine_over_group then sums them over the ranks.
-// `block_elements`: the kernels' probability_block_elements().
-void accumulate_probability_stats(const at::Tensor& logits, int64_t col_begin,
-                                  const at::Tensor& probs, const at::Tensor& weight_local,
-                                  const at::Tensor& stats, int64_t block_elements);
-
-// values [rows, c] -= scale_i w_j p_ij in place: the probability term of the
-// logit gradient, after CrossEntropyKernels::softmax_grad_inplace has written
-// the softmax and smoothing terms of the same chunk (given a probability
-// target's coefficients and a target_local of -1, it writes nothing else).
-// scale [rows] in the stats dtype: g_i (1 - e), the kCoefTargetScale column of
-// a probability target's coefficients.
-void subtract_probability_gradient(const at::Tensor& values, int64_t col_begin,
-                                   const at::Tensor& probs, const at::Tensor& weight_local,
-                                   const at::Tensor& scale, int64_t block_elements);
 
 // This rank's columns [rows, local] of a probability target [rows, T] in
 // backward, where the class offset is a 0-d int64 tensor on the device (read

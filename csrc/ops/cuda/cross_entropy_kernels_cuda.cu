@@ -31,7 +31,9 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kPartialStats = 3;   // max, sum-exp, weighted sum of one block's columns
+// max, sum-exp, weighted sum of one block's columns, and a probability
+// target's A and B (B relative to the block's shift, cross_entropy_kernels.h)
+constexpr int kPartialStats = 5;
 constexpr int kMaxSplits = 65535;  // gridDim.y
 
 template <typename acc_t>
@@ -75,6 +77,44 @@ __device__ __forceinline__ acc_t warp_sum(acc_t v) {
   return v;
 }
 
+// The shift a probability target's B is relative to: the max, or 0 where
+// that is -inf (as the CPU kernels' exp_shift).
+template <typename acc_t>
+__device__ __forceinline__ acc_t shift_of(acc_t max) {
+  return max == -std::numeric_limits<acc_t>::infinity() ? acc_t(0) : max;
+}
+
+// Folds a part's (a, b), b relative to shift_of(max), into the running
+// (a, b), b relative to shift_of(into_max); both moved to the shift of the
+// larger max first (the one merge() keeps), so that b never holds sum w p z
+// of large logits: the terms keep one sign where w p >= 0. The sums are
+// float64 (sum_t) within a block: a row's one large probability would
+// swallow the many small ones after it in float32.
+template <typename acc_t, typename sum_t>
+__device__ __forceinline__ void merge_probability_sums(acc_t into_max, sum_t& a, sum_t& b,
+                                                       acc_t max, sum_t part_a, sum_t part_b) {
+  const acc_t shift = shift_of(into_max > max ? into_max : max);
+  const acc_t into_shift = shift_of(into_max), part_shift = shift_of(max);
+  if (shift != into_shift) b -= a * static_cast<sum_t>(shift - into_shift);
+  if (shift != part_shift) part_b -= part_a * static_cast<sum_t>(shift - part_shift);
+  a += part_a;
+  b += part_b;
+}
+
+// warp_merge of (max, sum) with a probability target's (a, b) beside it.
+template <typename acc_t>
+__device__ __forceinline__ void warp_merge_with_probabilities(MaxSum<acc_t>& v, double& a,
+                                                              double& b) {
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    MaxSum<acc_t> other{__shfl_down_sync(0xffffffffu, v.max, offset),
+                        __shfl_down_sync(0xffffffffu, v.sum, offset)};
+    const double other_a = __shfl_down_sync(0xffffffffu, a, offset);
+    const double other_b = __shfl_down_sync(0xffffffffu, b, offset);
+    merge_probability_sums(v.max, a, b, other.max, other_a, other_b);
+    v = merge(v, other);
+  }
+}
+
 // kVec values loaded or stored as one (16 bytes for half and bfloat16).
 template <typename scalar_t, int kVec>
 struct alignas(sizeof(scalar_t) * kVec) Pack {
@@ -84,19 +124,27 @@ struct alignas(sizeof(scalar_t) * kVec) Pack {
 // Block (row, split) reduces columns [split * slice, min(cols, (split + 1) *
 // slice)) of its row into partials[row, split]; slice is a multiple of kVec.
 // The block holding the row's target writes its logit and weight to stats.
-template <typename scalar_t, typename acc_t, int kVec>
+// probs (row stride probs_stride, unit column stride; nullptr for none): a
+// probability target's A and B in the same read of the logits.
+template <typename scalar_t, typename prob_t, typename acc_t, int kVec>
 __global__ void parallel_cross_entropy_forward_kernel(
     const scalar_t* __restrict__ logits, int64_t cols, int64_t slice, int64_t col_begin,
-    const int64_t* __restrict__ target_local, const acc_t* __restrict__ weight_local,
-    acc_t* __restrict__ stats, acc_t* __restrict__ partials, scalar_t* __restrict__ copy_to) {
+    const int64_t* __restrict__ target_local, const prob_t* __restrict__ probs,
+    int64_t probs_stride, const acc_t* __restrict__ weight_local, acc_t* __restrict__ stats,
+    acc_t* __restrict__ partials, scalar_t* __restrict__ copy_to) {
   const int64_t row = blockIdx.x;
   const int64_t begin = static_cast<int64_t>(blockIdx.y) * slice;
   const int64_t end = begin + slice < cols ? begin + slice : cols;
   const scalar_t* x = logits + row * cols;
   scalar_t* copy = copy_to != nullptr ? copy_to + row * cols : nullptr;
+  const prob_t* p = probs != nullptr ? probs + row * probs_stride + col_begin : nullptr;
   constexpr acc_t kNegInf = -std::numeric_limits<acc_t>::infinity();
   MaxSum<acc_t> local{kNegInf, acc_t(0)};
   acc_t weighted = 0;
+  // A probability target's sums, b relative to `shift`: this thread's
+  // shift_of(local.max), b moved whenever the max grows.
+  double a = 0, b = 0;
+  acc_t shift = 0;
   for (int64_t j = begin + static_cast<int64_t>(threadIdx.x) * kVec; j < end;
        j += static_cast<int64_t>(blockDim.x) * kVec) {
     Pack<scalar_t, kVec> pack = *reinterpret_cast<const Pack<scalar_t, kVec>*>(x + j);
@@ -104,31 +152,58 @@ __global__ void parallel_cross_entropy_forward_kernel(
 #pragma unroll
     for (int i = 0; i < kVec; ++i) {
       const acc_t v = static_cast<acc_t>(pack.v[i]);
-      weighted += (weight_local != nullptr ? weight_local[col_begin + j + i] : acc_t(1)) * v;
+      const acc_t w = weight_local != nullptr ? weight_local[col_begin + j + i] : acc_t(1);
+      weighted += w * v;
+      if (p != nullptr) {
+        const acc_t new_shift = shift_of(v > local.max ? v : local.max);
+        if (new_shift != shift) {
+          b -= a * static_cast<double>(new_shift - shift);
+          shift = new_shift;
+        }
+        // A masked (-inf) logit under a zero probability makes b NaN, as
+        // torch's -(p * log_softmax) is.
+        const double wp =
+            static_cast<double>(w) * static_cast<double>(static_cast<acc_t>(p[j + i]));
+        a += wp;
+        b += wp * static_cast<double>(v - shift);
+      }
       accumulate(local, v);
     }
   }
-  local = warp_merge(local);
+  if (p != nullptr) {
+    warp_merge_with_probabilities(local, a, b);
+  } else {
+    local = warp_merge(local);
+  }
   weighted = warp_sum(weighted);
   __shared__ acc_t shared_max[kWarps], shared_sum[kWarps], shared_weighted[kWarps];
+  __shared__ double shared_a[kWarps], shared_b[kWarps];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (lane == 0) {
     shared_max[warp] = local.max;
     shared_sum[warp] = local.sum;
     shared_weighted[warp] = weighted;
+    shared_a[warp] = a;
+    shared_b[warp] = b;
   }
   __syncthreads();
   if (threadIdx.x != 0) return;
   MaxSum<acc_t> total{kNegInf, acc_t(0)};
   acc_t total_weighted = 0;
+  double total_a = 0, total_b = 0;
   for (int w = 0; w < kWarps; ++w) {
+    if (p != nullptr) {
+      merge_probability_sums(total.max, total_a, total_b, shared_max[w], shared_a[w], shared_b[w]);
+    }
     total = merge(total, MaxSum<acc_t>{shared_max[w], shared_sum[w]});
     total_weighted += shared_weighted[w];
   }
-  acc_t* p = partials + (row * gridDim.y + blockIdx.y) * kPartialStats;
-  p[0] = total.max;
-  p[1] = total.sum;
-  p[2] = total_weighted;
+  acc_t* part = partials + (row * gridDim.y + blockIdx.y) * kPartialStats;
+  part[0] = total.max;
+  part[1] = total.sum;
+  part[2] = total_weighted;
+  part[3] = static_cast<acc_t>(total_a);
+  part[4] = static_cast<acc_t>(total_b);
   const int64_t t = target_local[row] - col_begin;
   if (t >= begin && t < end) {
     acc_t* s = stats + row * kNumRowStats;
@@ -137,41 +212,53 @@ __global__ void parallel_cross_entropy_forward_kernel(
   }
 }
 
-// Folds the blocks of each row (and what earlier chunks left in stats) together.
+// Folds the blocks of each row (and what earlier chunks left in stats)
+// together; `probabilities`: a probability target's A and B too.
 template <typename acc_t>
 __global__ void merge_row_partials_kernel(const acc_t* __restrict__ partials, int64_t splits,
-                                          int64_t rows, acc_t* __restrict__ stats) {
+                                          int64_t rows, bool probabilities,
+                                          acc_t* __restrict__ stats) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (row >= rows) return;
   acc_t* s = stats + row * kNumRowStats;
   MaxSum<acc_t> total{s[kRowMax], s[kRowSumExp]};
   acc_t weighted = s[kRowWeightedSum];
+  acc_t a = s[kRowTargetWeight], b = s[kRowTargetLogit];
   for (int64_t split = 0; split < splits; ++split) {
-    const acc_t* p = partials + (row * splits + split) * kPartialStats;
-    total = merge(total, MaxSum<acc_t>{p[0], p[1]});
-    weighted += p[2];
+    const acc_t* part = partials + (row * splits + split) * kPartialStats;
+    if (probabilities) merge_probability_sums(total.max, a, b, part[0], part[3], part[4]);
+    total = merge(total, MaxSum<acc_t>{part[0], part[1]});
+    weighted += part[2];
   }
   s[kRowMax] = total.max;
   s[kRowSumExp] = total.sum;
   s[kRowWeightedSum] = weighted;
+  if (probabilities) {
+    s[kRowTargetWeight] = a;
+    s[kRowTargetLogit] = b;
+  }
 }
 
-template <typename scalar_t, typename acc_t, int kVec>
-__global__ void parallel_cross_entropy_backward_kernel(scalar_t* __restrict__ values, int64_t cols,
-                                                       int64_t slice, int64_t col_begin,
-                                                       const int64_t* __restrict__ target_local,
-                                                       const acc_t* __restrict__ weight_local,
-                                                       const acc_t* __restrict__ coefs) {
+// probs as in the forward kernel: the term - target_scale w_j p_j, in acc_t
+// before the one rounding into the values.
+template <typename scalar_t, typename prob_t, typename acc_t, int kVec>
+__global__ void parallel_cross_entropy_backward_kernel(
+    scalar_t* __restrict__ values, int64_t cols, int64_t slice, int64_t col_begin,
+    const int64_t* __restrict__ target_local, const prob_t* __restrict__ probs,
+    int64_t probs_stride, const acc_t* __restrict__ weight_local, const acc_t* __restrict__ coefs) {
   const int64_t row = blockIdx.x;
   const int64_t begin = static_cast<int64_t>(blockIdx.y) * slice;
   const int64_t end = begin + slice < cols ? begin + slice : cols;
   scalar_t* v = values + row * cols;
+  const prob_t* p = probs != nullptr ? probs + row * probs_stride + col_begin : nullptr;
   const acc_t* c = coefs + row * kNumGradCoefs;
   const acc_t lse = c[kCoefLse], grad_scale = c[kCoefGradScale];
   const acc_t lse_remainder = c[kCoefLseRemainder];
   const acc_t target_scale = c[kCoefTargetScale], smooth = c[kCoefSmoothScale];
   const int64_t t = target_local[row] - col_begin;
-  const bool ignored = grad_scale == acc_t(0) && smooth == acc_t(0);
+  // All three 0: an ignored row (a probability row whose w p sums to 0 has
+  // grad_scale 0 alone and keeps its probability term).
+  const bool ignored = grad_scale == acc_t(0) && smooth == acc_t(0) && target_scale == acc_t(0);
   for (int64_t j = begin + static_cast<int64_t>(threadIdx.x) * kVec; j < end;
        j += static_cast<int64_t>(blockDim.x) * kVec) {
     auto* slot = reinterpret_cast<Pack<scalar_t, kVec>*>(v + j);
@@ -180,9 +267,10 @@ __global__ void parallel_cross_entropy_backward_kernel(scalar_t* __restrict__ va
     for (int i = 0; i < kVec; ++i) {
       acc_t g = 0;
       if (!ignored) {
-        g = grad_scale * exp((static_cast<acc_t>(pack.v[i]) - lse) - lse_remainder) -
-            smooth * (weight_local != nullptr ? weight_local[col_begin + j + i] : acc_t(1));
+        const acc_t w = weight_local != nullptr ? weight_local[col_begin + j + i] : acc_t(1);
+        g = grad_scale * exp((static_cast<acc_t>(pack.v[i]) - lse) - lse_remainder) - smooth * w;
         if (j + i == t) g -= target_scale;
+        if (p != nullptr) g -= target_scale * w * static_cast<acc_t>(p[j + i]);
       }
       pack.v[i] = static_cast<scalar_t>(g);
     }
@@ -278,45 +366,68 @@ GemmOperand gemm_operand(const at::Tensor& t) {
   return {copy, false, copy.size(1)};
 }
 
+// Calls f(pointer, row stride) with a probability target's data in its own
+// dtype (nullptr, 0 and none_t's type where there is none); a target whose
+// columns are not adjacent is copied first.
+template <typename none_t, typename F>
+void with_probabilities(const at::Tensor& target_probs, const F& f) {
+  if (!target_probs.defined()) {
+    f(static_cast<const none_t*>(nullptr), int64_t{0});
+    return;
+  }
+  const at::Tensor probs = target_probs.size(1) <= 1 || target_probs.stride(1) == 1
+                               ? target_probs
+                               : target_probs.contiguous();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, probs.scalar_type(),
+                                  "parallel_cross_entropy_probabilities_cuda",
+                                  [&] { f(probs.const_data_ptr<scalar_t>(), probs.stride(0)); });
+}
+
 class CudaCrossEntropyKernels final : public CrossEntropyKernels {
  public:
   void accumulate_row_stats(const at::Tensor& logits, int64_t col_begin,
-                            const at::Tensor& target_local, const at::Tensor& weight_local,
-                            const at::Tensor& stats, const at::Tensor& copy_to) const override {
+                            const at::Tensor& target_local, const at::Tensor& target_probs,
+                            const at::Tensor& weight_local, const at::Tensor& stats,
+                            const at::Tensor& copy_to) const override {
     const int64_t rows = logits.size(0), cols = logits.size(1);
     if (rows == 0 || cols == 0) return;
     auto stream = at::cuda::getCurrentCUDAStream();
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::kHalf, at::kBFloat16, logits.scalar_type(), "parallel_cross_entropy_forward_cuda", [&] {
-          using acc_t = acc_type_of<scalar_t>;
-          const RowSplit split = split_rows<scalar_t>(
+          using logit_t = scalar_t;
+          using acc_t = acc_type_of<logit_t>;
+          const RowSplit split = split_rows<logit_t>(
               rows, cols,
               {logits.const_data_ptr(), copy_to.defined() ? copy_to.const_data_ptr() : nullptr});
           at::Tensor partials = at::empty({rows, split.splits, kPartialStats}, stats.options());
           const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(split.splits));
-          const auto launch = [&](auto vec) {
-            constexpr int kVec = decltype(vec)::value;
-            parallel_cross_entropy_forward_kernel<scalar_t, acc_t, kVec>
-                <<<grid, kThreads, 0, stream>>>(
-                    logits.const_data_ptr<scalar_t>(), cols, split.slice, col_begin,
-                    target_local.const_data_ptr<int64_t>(),
-                    weight_local.defined() ? weight_local.const_data_ptr<acc_t>() : nullptr,
-                    stats.data_ptr<acc_t>(), partials.data_ptr<acc_t>(),
-                    copy_to.defined() ? copy_to.data_ptr<scalar_t>() : nullptr);
-          };
-          with_vector_width<scalar_t>(split, launch);
+          with_probabilities<logit_t>(target_probs, [&](const auto* probs, int64_t probs_stride) {
+            using prob_t = std::remove_cv_t<std::remove_pointer_t<decltype(probs)>>;
+            const auto launch = [&](auto vec) {
+              constexpr int kVec = decltype(vec)::value;
+              parallel_cross_entropy_forward_kernel<logit_t, prob_t, acc_t, kVec>
+                  <<<grid, kThreads, 0, stream>>>(
+                      logits.const_data_ptr<logit_t>(), cols, split.slice, col_begin,
+                      target_local.const_data_ptr<int64_t>(), probs, probs_stride,
+                      weight_local.defined() ? weight_local.const_data_ptr<acc_t>() : nullptr,
+                      stats.data_ptr<acc_t>(), partials.data_ptr<acc_t>(),
+                      copy_to.defined() ? copy_to.data_ptr<logit_t>() : nullptr);
+            };
+            with_vector_width<logit_t>(split, launch);
+          });
           C10_CUDA_KERNEL_LAUNCH_CHECK();
           const int merge_threads = 128;
           merge_row_partials_kernel<acc_t>
               <<<static_cast<unsigned>((rows + merge_threads - 1) / merge_threads), merge_threads,
                  0, stream>>>(partials.const_data_ptr<acc_t>(), split.splits, rows,
-                              stats.data_ptr<acc_t>());
+                              target_probs.defined(), stats.data_ptr<acc_t>());
           C10_CUDA_KERNEL_LAUNCH_CHECK();
         });
   }
 
   void softmax_grad_inplace(const at::Tensor& values, int64_t col_begin,
-                            const at::Tensor& target_local, const at::Tensor& weight_local,
+                            const at::Tensor& target_local, const at::Tensor& target_probs,
+                            const at::Tensor& weight_local,
                             const at::Tensor& coefs) const override {
     const int64_t rows = values.size(0), cols = values.size(1);
     if (rows == 0 || cols == 0) return;
@@ -324,19 +435,23 @@ class CudaCrossEntropyKernels final : public CrossEntropyKernels {
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::kHalf, at::kBFloat16, values.scalar_type(), "parallel_cross_entropy_backward_cuda",
         [&] {
-          using acc_t = acc_type_of<scalar_t>;
-          const RowSplit split = split_rows<scalar_t>(rows, cols, {values.const_data_ptr()});
+          using value_t = scalar_t;
+          using acc_t = acc_type_of<value_t>;
+          const RowSplit split = split_rows<value_t>(rows, cols, {values.const_data_ptr()});
           const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(split.splits));
-          const auto launch = [&](auto vec) {
-            constexpr int kVec = decltype(vec)::value;
-            parallel_cross_entropy_backward_kernel<scalar_t, acc_t, kVec>
-                <<<grid, kThreads, 0, stream>>>(
-                    values.data_ptr<scalar_t>(), cols, split.slice, col_begin,
-                    target_local.const_data_ptr<int64_t>(),
-                    weight_local.defined() ? weight_local.const_data_ptr<acc_t>() : nullptr,
-                    coefs.const_data_ptr<acc_t>());
-          };
-          with_vector_width<scalar_t>(split, launch);
+          with_probabilities<value_t>(target_probs, [&](const auto* probs, int64_t probs_stride) {
+            using prob_t = std::remove_cv_t<std::remove_pointer_t<decltype(probs)>>;
+            const auto launch = [&](auto vec) {
+              constexpr int kVec = decltype(vec)::value;
+              parallel_cross_entropy_backward_kernel<value_t, prob_t, acc_t, kVec>
+                  <<<grid, kThreads, 0, stream>>>(
+                      values.data_ptr<value_t>(), cols, split.slice, col_begin,
+                      target_local.const_data_ptr<int64_t>(), probs, probs_stride,
+                      weight_local.defined() ? weight_local.const_data_ptr<acc_t>() : nullptr,
+                      coefs.const_data_ptr<acc_t>());
+            };
+            with_vector_width<value_t>(split, launch);
+          });
           C10_CUDA_KERNEL_LAUNCH_CHECK();
         });
   }
@@ -414,10 +529,6 @@ class CudaCrossEntropyKernels final : public CrossEntropyKernels {
           C10_CUDA_KERNEL_LAUNCH_CHECK();
         });
   }
-
-  // Many rows of a million classes a block (64 at 2^26): a few launches per
-  // block of rows instead of one per row; temporaries of 256 MiB in float32.
-  int64_t probability_block_elements() const override { return int64_t(1) << 26; }
 
  private:
   static void product(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b, bool accumulate) {
