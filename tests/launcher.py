@@ -45,7 +45,7 @@ def start_ranks(command: Iterable, world_size: int, env: Optional[dict] = None,
     of one rank (e.g. where it writes its result). ``capture``: stdout and
     stderr together, as text, for wait_ranks; else they go to this process's.
     ``spawn(command, env, cwd, capture)``: another way to start a rank
-    (tests/fork_server.py's fork servers), returning a Popen-like object, or None
+    (the fork servers of tests/fork_server.py), returning a Popen-like object, or None
     for a plain subprocess.Popen."""
     port = free_port()
     command = [str(part) for part in command]

@@ -10,10 +10,12 @@ at the next token (every rank at the same one) and waits up to ``grace_s`` for t
 then the pool is usable and KeyboardInterrupt is raised. A second Ctrl-C, or a command that does
 not end in time, stops the workers (the model must be rebuilt).
 """
+import datetime
 import multiprocessing
 import multiprocessing.connection
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -69,7 +71,7 @@ class WorkerPool:
         address = os.path.join(self._folder, "caller")
         listener = multiprocessing.connection.Listener(address, family="AF_UNIX", authkey=authkey)
         self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                                    timeout=__import__("datetime").timedelta(seconds=timeout_s))
+                                    timeout=datetime.timedelta(seconds=timeout_s))
         env = dict(os.environ, SHARDTORCH_ONE_PROCESS_KEY=authkey.hex())
         for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
                      "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT"):
@@ -219,8 +221,7 @@ class WorkerPool:
             where += f"; {self.broken}"
         if error is None:
             return WorkerError(f"{type_name} {where}:\n{text}")
-        error.add_note(f"shardtorch.tensor_parallel: {where}. The rank's traceback:\n{text}")
-        return error
+        return wire.add_note(error, f"shardtorch.tensor_parallel: {where}. The rank's traceback:\n{text}")
 
     def _break(self, reason: str) -> None:
         self.broken = reason
@@ -266,6 +267,4 @@ class WorkerPool:
                 except OSError:
                     pass
         self._pidfds = []
-        if os.path.isdir(self._folder):
-            import shutil
-            shutil.rmtree(self._folder, ignore_errors=True)
+        shutil.rmtree(self._folder, ignore_errors=True)

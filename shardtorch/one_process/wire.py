@@ -36,9 +36,18 @@ _NO_ROOM = ("tensor_parallel: the shared memory that the caller and its workers 
             "need too")
 
 
+def add_note(error: BaseException, text: str) -> BaseException:
+    """``error.add_note(text)`` (Python 3.11), or the text added to a one-string message before."""
+    if hasattr(error, "add_note"):
+        error.add_note(text)
+    elif len(error.args) == 1 and isinstance(error.args[0], str):
+        error.args = (f"{error.args[0]}\n{text}",)
+    return error
+
+
 def _with_hint(error: RuntimeError) -> RuntimeError:
     if "No space left on device" in str(error) or "unable to write to file" in str(error):
-        error.add_note(_NO_ROOM)
+        add_note(error, _NO_ROOM)
     return error
 
 

@@ -1,4 +1,4 @@
-"""The fork servers (tests/fork_server.py) start a rank as exec would have: its argv, path, directory,
+"""The fork servers (tests/fork_server.py, configuring shardtorch/utils/fork_server.py) start a rank as exec would have: its argv, path, directory,
 environment, output and exit code (a signal's too), a hash seed and a random state of its own per
 rank; and a rank whose environment differs from the servers' in more than what is read at run time
 starts by exec."""

@@ -39,7 +39,7 @@ def test_the_checks_find_the_classes_once_imported():
 def test_what_imports_them_at_first_use_works_in_a_fresh_interpreter(tmp_path):
     """save_dcp / load_dcp (with optimizer state) and ts.nn.parallel.fully_shard import DCP and FSDP
     themselves: in the suite's ranks, forked from servers that imported them already
-    (tests/fork_server.py), a missing import would go unseen; here nothing else imports them."""
+    (tests/fork_server.py, configuring shardtorch/utils/fork_server.py), a missing import would go unseen; here nothing else imports them."""
     out = _run(
         "import os, sys, tempfile, torch, torch.distributed as dist\n"
         "import shardtorch as ts\n"
