@@ -162,25 +162,30 @@ class RankModel:
         return input_grads, sorted(self.participated), new_buffers
 
     def _prepare_gradients(self, reset):
-        """Points each exposed trainable parameter's ``.grad`` at its buffer (made zeroed and shared when
-        the parameter first trains) so that autograd accumulates in place; zeroes the buffers the caller
-        has no gradient for. Returns the new buffers {index: buffer} for the caller to map."""
+        """Each exposed trainable parameter's gradient ends the backward in its buffer (made and shared
+        when the parameter first trains), the memory the caller maps. A parameter whose caller-side
+        gradient is None (``reset``, after ``zero_grad``) starts from None, so that autograd keeps the
+        gradient it computed and the hook copies it in once (no zeroing, no addition); any other
+        accumulates into its buffer in place. Returns the new buffers {index: buffer}."""
         new = {}
         for index, ((_, param), exposed) in enumerate(zip(self.params, self.exposed)):
             if exposed and param.requires_grad and index not in self.grad_buffers:
-                buffer = torch.zeros_like(param, memory_format=torch.contiguous_format)
+                buffer = torch.empty_like(param, memory_format=torch.contiguous_format)
                 if buffer.device.type == "cpu":
                     share_memory(buffer)
-                param.register_post_accumulate_grad_hook(lambda _, index=index: self.participated.add(index))
+                param.register_post_accumulate_grad_hook(lambda p, index=index: self._accumulated(index, p))
                 self.grad_buffers[index] = new[index] = buffer
-        for index in reset:
-            if index in self.grad_buffers and index not in new:
-                self.grad_buffers[index].zero_()
+        starting = set(reset) | set(new)
         for index, buffer in self.grad_buffers.items():
-            param = self.params[index][1]
-            if param.grad is not buffer:
-                param.grad = buffer
+            self.params[index][1].grad = None if index in starting else buffer
         return new
+
+    def _accumulated(self, index: int, param) -> None:
+        self.participated.add(index)
+        buffer = self.grad_buffers[index]
+        if param.grad is not buffer:
+            buffer.copy_(param.grad)
+            param.grad = buffer
 
     def _configs(self):
         return getattr(self.model, "config", None), getattr(self.model, "generation_config", None)

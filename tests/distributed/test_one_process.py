@@ -137,8 +137,15 @@ def test_llama_grouped_heads_on_three_devices_trains_and_generates_as_unsharded(
         tokens = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
         assert torch.equal(tokens, reference.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0))
         # The loss from the caller's own code on the (lazy) whole logits: gradients through the logits.
-        _train_and_compare(model, reference, _tokens(4), lambda net, b: _causal_loss(net(input_ids=b).logits, b),
-                           "llama kv=2")
+        loss_of = lambda net, b: _causal_loss(net(input_ids=b).logits, b)  # noqa: E731
+        _train_and_compare(model, reference, _tokens(4), loss_of, "llama kv=2")
+        # Gradients accumulate over two backwards until zero_grad, as torch's do.
+        for net in (model, reference):
+            net.zero_grad()
+            loss_of(net, _tokens(5)).backward()
+            loss_of(net, _tokens(6)).backward()
+            torch.optim.SGD(net.parameters(), lr=1.0).step()
+        _whole_state_close(model, reference, "llama after a step of two accumulated gradients")
     finally:
         model.close()
 
