@@ -11,6 +11,9 @@ in float32), loaded slice by slice on 2 ranks of one thread each:
 Each does --steps training steps (forward with labels=, backward, AdamW over the parameters; median
 seconds after one warm-up step) and one greedy ``generate`` (--new-tokens after a --prompt-token
 prompt, batch 1; tokens/s after a short warm-up call). Both must produce the same tokens (checked).
+Memory: after them, with the model, its gradients and the optimizer's state alive, the proportional
+set size (Pss) of each process of the job: a torchrun rank; the caller, its workers and their fork
+servers (the caller holds the optimizer's state, where each torchrun rank holds its part).
 
 Part "tensor_parallel": a GPT-2 (12 layers, width 768, vocabulary 50,257, eager attention: the
 attention tensor_parallel 2.0.0 splits), float32, random weights (seed 0), a no-grad forward of
@@ -69,8 +72,28 @@ def _train_and_generate(model, args, distributed):
         out = model.generate(prompt, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, **options)
         seconds = time.perf_counter() - start
     tokens = out[:, args.prompt:]
-    return {"step_s": statistics.median(times[1:]), "tokens_per_s": tokens.numel() / seconds,
-            "tokens_sha": hashlib.sha256(tokens.numpy().tobytes()).hexdigest()[:16]}
+    # Memory now, with the model, its gradients and the optimizer's state alive: each process's
+    # proportional set size (Pss: a page shared by n processes counts 1/n in each, so the sum over a
+    # job's processes is what the job holds); for one-process, the caller, its workers and the fork
+    # servers the workers came from (they hold the preloaded imports the workers share).
+    if distributed:
+        pss = {"rank": _pss_kib("self")}
+    else:
+        from shardtorch.one_process.pool import _SERVERS
+        pss = {"caller": _pss_kib("self")}
+        for rank, process in enumerate(model._pool.processes):
+            pss[f"worker {rank}"] = _pss_kib(process.pid)
+        for index, server in _SERVERS._servers.items():
+            pss[f"fork server {index}"] = _pss_kib(server.process.pid)
+    return {"step_s": statistics.median(times[1:]), "step_times": [round(t, 3) for t in times],
+            "tokens_per_s": tokens.numel() / seconds,
+            "tokens_sha": hashlib.sha256(tokens.numpy().tobytes()).hexdigest()[:16],
+            "pss_mib": {name: kib / 1024 for name, kib in pss.items()}}
+
+
+def _pss_kib(pid):
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        return int(next(line for line in f if line.startswith("Pss:")).split()[1])
 
 
 def job(way, args):
@@ -119,7 +142,8 @@ def _run(way, args):
                "--batch", str(args.batch), "--prompt", str(args.prompt), "--new-tokens", str(args.new_tokens),
                "--steps", str(args.steps)]
     if way == "torchrun":
-        return common.launch(os.path.abspath(__file__), 2, command[2:])[0]
+        ranks = common.launch(os.path.abspath(__file__), 2, command[2:])
+        return dict(ranks[0], pss_mib={f"rank {r}": result["pss_mib"]["rank"] for r, result in enumerate(ranks)})
     env = dict(os.environ)
     if way == "gpt2-tensor_parallel":
         env["PYTHONPATH"] = os.path.join(HERE, "peer_shims") + os.pathsep + env.get("PYTHONPATH", "")
@@ -139,7 +163,7 @@ def main():
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--checkpoint", default=os.path.join(HERE, "out", "llama-16"))
     parser.add_argument("--json", default=None)
     parser.add_argument("--job", default=None, help=argparse.SUPPRESS)
@@ -159,6 +183,9 @@ def main():
             result = dict(_run(way, args), way=way, round=round_)
             rows.append(result)
             print(json.dumps(result), flush=True)
+    hashes = {row["tokens_sha"] for row in rows if "tokens_sha" in row}
+    if len(hashes) > 1:
+        raise SystemExit(f"the ways generated different tokens: {sorted(hashes)}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"cpu": common.cpu_name(), "rows": rows}, f, indent=1)

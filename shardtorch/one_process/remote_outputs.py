@@ -10,11 +10,11 @@ gradients do not pass through here: each rank accumulates them into buffers the 
 the first read fetches them from rank 0 (which gathers the other ranks' shards through their shard
 services, see nn/whole_model/lazy_logits.py), so a step that reads only the loss moves no logits.
 """
-import copy
 import weakref
 
 import torch
-from torch.utils._pytree import tree_map
+
+from ..nn.whole_model.lazy_logits import WholeOnRead
 
 
 class CallerStep:
@@ -31,7 +31,7 @@ class CallerStep:
         return self._backward(self.number, grads)
 
 
-class RemoteLogits(torch.Tensor):
+class RemoteLogits(WholeOnRead):
     """Whole logits that rank 0 keeps, fetched on first read (module docstring)."""
 
     @staticmethod
@@ -41,33 +41,10 @@ class RemoteLogits(torch.Tensor):
     def __init__(self, step: CallerStep, index: int, shape, dtype, device):
         self.step, self.index, self._whole = step, index, None
 
-    __torch_function__ = torch._C._disabled_torch_function_impl
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        def whole(value):
-            return value.whole() if isinstance(value, RemoteLogits) else value
-        return func(*tree_map(whole, args), **tree_map(whole, kwargs or {}))
-
     def whole(self) -> torch.Tensor:
         if self._whole is None:
             self._whole = self.step.fetch(self.index)
         return self._whole
-
-    def numpy(self, *args, **kwargs):
-        return self.whole().numpy(*args, **kwargs)
-
-    def tolist(self):
-        return self.whole().tolist()
-
-    def __repr__(self, *args, **kwargs):
-        return repr(self.whole())
-
-    def __reduce_ex__(self, protocol):
-        return self.whole().__reduce_ex__(protocol)
-
-    def __deepcopy__(self, memo):
-        return copy.deepcopy(self.whole(), memo)
 
 
 class RemoteForward(torch.autograd.Function):

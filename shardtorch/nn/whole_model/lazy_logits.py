@@ -29,7 +29,40 @@ def _slice_of(full: int, size: int, rank: int):
     return rank * base + min(rank, extra), base + (rank < extra)
 
 
-class LazyLogits(torch.Tensor):
+class WholeOnRead(torch.Tensor):
+    """A tensor that stands for a whole one held elsewhere and fetches it (``whole()``) when first
+    read: every torch op, and the Tensor methods that read data without an op of their own. The
+    lazy logits here and, in one_process, the logits a worker keeps for its caller."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        def whole(value):
+            return value.whole() if isinstance(value, WholeOnRead) else value
+        return func(*tree_map(whole, args), **tree_map(whole, kwargs or {}))
+
+    def whole(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    # Tensor methods that read the data without an op of their own (the dispatch never sees them).
+    def numpy(self, *args, **kwargs):
+        return self.whole().numpy(*args, **kwargs)
+
+    def tolist(self):
+        return self.whole().tolist()
+
+    def __repr__(self, *args, **kwargs):
+        return repr(self.whole())
+
+    def __reduce_ex__(self, protocol):
+        return self.whole().__reduce_ex__(protocol)
+
+    def __deepcopy__(self, memo):
+        return copy.deepcopy(self.whole(), memo)
+
+
+class LazyLogits(WholeOnRead):
     """The whole logits, gathered on first read (module docstring)."""
 
     @staticmethod
@@ -41,14 +74,6 @@ class LazyLogits(torch.Tensor):
     def __init__(self, shard: torch.Tensor, full: int, service: ShardService):
         self.shard, self.full, self._service, self._whole = shard, full, service, None
         self.number = service.register(self)
-
-    __torch_function__ = torch._C._disabled_torch_function_impl
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        def whole(value):
-            return value.whole() if isinstance(value, LazyLogits) else value
-        return func(*tree_map(whole, args), **tree_map(whole, kwargs or {}))
 
     def whole(self) -> torch.Tensor:
         """The whole logits (a plain tensor, without autograd history), fetched once."""
@@ -70,22 +95,6 @@ class LazyLogits(torch.Tensor):
                 shards.append(shard.to(self.shard.device))
             self._whole = torch.cat(shards, dim=-1)
         return self._whole
-
-    # Tensor methods that read the data without an op of their own (the dispatch never sees them).
-    def numpy(self, *args, **kwargs):
-        return self.whole().numpy(*args, **kwargs)
-
-    def tolist(self):
-        return self.whole().tolist()
-
-    def __repr__(self, *args, **kwargs):
-        return repr(self.whole())
-
-    def __reduce_ex__(self, protocol):
-        return self.whole().__reduce_ex__(protocol)
-
-    def __deepcopy__(self, memo):
-        return copy.deepcopy(self.whole(), memo)
 
 
 class _Lazy(torch.autograd.Function):
