@@ -93,6 +93,13 @@ class TensorParallelModel(nn.Module):
     def __exit__(self, *exc):
         self.close()
 
+    def __reduce_ex__(self, protocol):
+        raise TypeError("tensor_parallel: a TensorParallelModel is a handle on its worker processes and does not "
+                        "pickle or copy; save model.state_dict() (whole tensors) or model.save_pretrained(...)")
+
+    def __deepcopy__(self, memo):
+        self.__reduce_ex__(2)
+
     def _apply(self, fn, recurse=True):
         raise RuntimeError("tensor_parallel: the model's slices live on its devices; .to(), .cuda(), .half() "
                            "and the like are not supported on it. Convert the model before tensor_parallel, or "
@@ -100,13 +107,13 @@ class TensorParallelModel(nn.Module):
 
     # -- commands -------------------------------------------------------------------------------
     def _run(self, command: str, payload, ranks=None) -> list:
-        def with_drops(p):
-            return dict(p, drop=drops)
-        drops, self._dropped[:] = list(self._dropped), []
-        payloads = [with_drops(p) for p in payload] if isinstance(payload, list) else with_drops(payload)
-        if ranks is not None:  # drops go to every rank: send them with the next command to all
-            self._dropped.extend(drops)
-            payloads = [dict(p, drop=[]) for p in payloads] if isinstance(payloads, list) else dict(payloads, drop=[])
+        """``command`` on ``ranks`` (all by default). The steps the caller has dropped since the last
+        command to every rank go with this one when it goes to every rank (a fetch goes to rank 0
+        only: they wait for the next)."""
+        drops = []
+        while ranks is None and self._dropped:  # pop by pop: a finalizer may append meanwhile
+            drops.append(self._dropped.pop())
+        payloads = [dict(p, drop=drops) for p in payload] if isinstance(payload, list) else dict(payload, drop=drops)
         if self.devices[0].type == "cuda":
             for device in self.devices:
                 torch.cuda.synchronize(device)  # the caller's optimizer wrote the ranks' memory

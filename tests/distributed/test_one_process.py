@@ -113,6 +113,10 @@ def test_gpt2_trains_and_generates_as_unsharded_and_survives_an_error_on_every_r
                 return net(input_ids=batch, labels=batch).loss
             return _causal_loss(net(input_ids=batch).logits, batch)
         _train_and_compare(model, reference, _tokens(2), loss_of, "gpt2")
+        with pytest.raises(TypeError, match="does not pickle or copy"):
+            copy.deepcopy(model)
+        with pytest.raises(RuntimeError, match="live on its devices"):
+            model.half()
     finally:
         model.close()
     assert all(p.poll() is not None for p in model._pool.processes), "close() left a worker running"
