@@ -142,7 +142,11 @@ def initialise_missing(load: Load, materialised: Materialised, loaded: Set[str],
     model, meta = load.meta.model, materialised.meta_names
     persistent = list(model.state_dict(keep_vars=True).keys())
     to_initialise = [name for name in persistent if name not in loaded and name in meta]
-    computed = [name for name in meta if name not in persistent and name not in loaded]
+    # In the model's order, not the set's: the draws from the shared generator must come in one order on
+    # every rank (a set of strings iterates in each process's own hash order).
+    computed = [name for name, _ in model.named_buffers(remove_duplicate=False)
+                if name in meta and name not in persistent and name not in loaded]
+    computed += sorted(name for name in meta if name not in persistent and name not in loaded and name not in computed)
     generator = agreed_generator()
     if not load.meta.complete and to_initialise:
         raise MetaBuildError(f"{who}: {', '.join(to_initialise)} are not in {load.source.folder!r}, and the model's "
