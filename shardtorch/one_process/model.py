@@ -8,6 +8,7 @@ model.parameters())`` and a gradient norm over them are the unsharded model's). 
 replicated parameters to the other ranks. Their gradients are the ranks' gradient buffers, attached
 after each backward to the parameters that took part (None stays None, as in torch).
 """
+import inspect
 import weakref
 from collections import OrderedDict
 from typing import List, Optional
@@ -23,17 +24,49 @@ from .structure import KeptObject, LazySlot, TensorSlot, map_structure
 class _Holder(nn.Module):
     """A module that only holds parameters, so that a rank's parameters keep their dotted names."""
 
+    def extra_repr(self) -> str:
+        return ""
 
-def _holder_tree(root: nn.Module, name: str, value: nn.Parameter) -> None:
+    def forward(self, *args, **kwargs):
+        raise RuntimeError("tensor_parallel: this module only holds a rank's parameters; call the model")
+
+
+_HOLDER_CLASSES: dict = {}
+
+
+def _holder_of(kind: Optional[type]) -> nn.Module:
+    """A _Holder, or for a norm layer's parameters one that is also an instance of the norm's class
+    (without its constructor: it holds the parameters and nothing else)."""
+    if kind is None:
+        return _Holder()
+    if kind not in _HOLDER_CLASSES:
+        try:
+            _HOLDER_CLASSES[kind] = type(kind.__name__, (_Holder, kind), {"__module__": __name__})
+        except TypeError:
+            _HOLDER_CLASSES[kind] = _Holder
+    holder = _HOLDER_CLASSES[kind].__new__(_HOLDER_CLASSES[kind])
+    nn.Module.__init__(holder)
+    return holder
+
+
+def _holder_tree(root: nn.Module, name: str, value: nn.Parameter, kinds: dict) -> None:
     *path, leaf = name.split(".")
     module = root
-    for part in path:
+    for depth, part in enumerate(path):
         child = module._modules.get(part)
         if child is None:
-            child = _Holder()
+            child = _holder_of(kinds.get(".".join(path[:depth + 1])))
             module.add_module(part, child)
         module = child
     module.register_parameter(leaf, value)
+
+
+def _signature(parameters: list) -> Optional[inspect.Signature]:
+    if not parameters:
+        return None
+    return inspect.Signature([inspect.Parameter(name, inspect._ParameterKind(kind),
+                                                default=None if has_default else inspect.Parameter.empty)
+                              for name, kind, has_default in parameters])
 
 
 class TensorParallelModel(nn.Module):
@@ -50,8 +83,9 @@ class TensorParallelModel(nn.Module):
         self._dropped: List[int] = []
         self._steps = 0
         self._anchor = torch.zeros((), requires_grad=True)
-        described = [entries for entries, _ in pool.described]  # per rank: [(name, tensor, sharded, exposed,
+        described = [entries for entries, *_ in pool.described]  # per rank: [(name, tensor, sharded, exposed,
         # requires_grad)]
+        _, training, norm_classes, forward_parameters = pool.described[0]
         self._names = [entry[0] for entry in described[0]]
         self._sharded = [entry[2] for entry in described[0]]
         self._views: List[List[torch.Tensor]] = [[entry[1] for entry in ranks] for ranks in described]
@@ -64,10 +98,21 @@ class TensorParallelModel(nn.Module):
             for index, (name, tensor, sharded, exposed, requires_grad) in enumerate(ranks):
                 if exposed:
                     mine[index] = nn.Parameter(tensor, requires_grad=requires_grad)
-                    _holder_tree(holder, name, mine[index])
+                    _holder_tree(holder, name, mine[index], norm_classes)
             self.shards.append(holder)
             self._parameters_of.append(mine)
-        self.train(pool.described[0][1])  # the mode the model was in (from_pretrained returns it in eval)
+        self.train(training)  # the mode the model was in (from_pretrained returns it in eval)
+        # Where each rank's parameters are: Trainer and Accelerate then leave the placement alone
+        # instead of calling .to() (which a TensorParallelModel refuses).
+        self.hf_device_map = {f"shards.{rank}": str(device) for rank, device in enumerate(self.devices)}
+        signature = _signature(forward_parameters)
+        if signature is not None:  # forward takes the model's own signature (Trainer reads it)
+            this = weakref.ref(self)
+
+            def forward(*args, **kwargs):
+                return TensorParallelModel.forward(this(), *args, **kwargs)
+            forward.__signature__ = signature
+            self.forward = forward
 
     # -- what the caller sees ---------------------------------------------------------------------
     @property

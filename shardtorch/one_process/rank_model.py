@@ -6,11 +6,13 @@ their gradient buffers live in memory the caller maps too (CPU shared memory, CU
 caller's optimizer updates them in place and nothing is copied per step.
 """
 import datetime
+import inspect
 import os
 from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 import shardtorch as ts
 from ..distributed import collectives
@@ -68,7 +70,8 @@ class RankModel:
 
     def describe(self) -> list:
         """([(name, the parameter in memory the caller can map, sharded, exposed, requires_grad)], whether
-        the model is in training mode); the parameters in a fixed order:
+        the model is in training mode, its norm layers' classes, its forward's parameters); the
+        parameters in a fixed order:
         the split parameters of every rank and rank 0's copy of each replicated one are what the
         caller's ``parameters()`` lists."""
         described = []
@@ -76,7 +79,24 @@ class RankModel:
             if self.device.type == "cpu":
                 share_memory(param)
             described.append((name, param.detach(), name in self.layout, exposed, param.requires_grad))
-        return described, self.model.training
+        return described, self.model.training, self._norm_classes(), self._forward_parameters()
+
+    def _norm_classes(self) -> dict:
+        """{module name: class} of the normalisation layers that hold parameters: the caller's holders of
+        their parameters are of the same class, so that code that tells norms by type (Hugging Face's
+        Trainer, which exempts them from weight decay) sees them as the unsharded model's."""
+        kinds = tuple(k for k in (nn.LayerNorm, getattr(nn, "RMSNorm", None)) if k is not None)
+        return {name: type(module) for name, module in self.model.named_modules()
+                if name and isinstance(module, kinds) and any(True for _ in module.parameters(recurse=False))}
+
+    def _forward_parameters(self) -> list:
+        """[(name, kind, has a default)] of the model's forward: the caller's forward takes its signature
+        (Trainer keeps the dataset columns that the forward names)."""
+        try:
+            signature = inspect.signature(self.model.forward)
+        except (TypeError, ValueError):
+            return []
+        return [(p.name, int(p.kind), p.default is not inspect.Parameter.empty) for p in signature.parameters.values()]
 
     # -- commands -------------------------------------------------------------------------------
     def run(self, command: str, payload):

@@ -329,3 +329,33 @@ def test_a_peft_lora_model_trains_only_its_adapters_and_saves_them(tmp_path):
                                                             "adapter_model.safetensors"]
     finally:
         model.close()
+
+
+def test_hugging_face_trainer_trains_it_as_the_unsharded_model(tmp_path):
+    """Trainer as its docs show it (no launcher): it leaves the placement alone (hf_device_map), keeps
+    the dataset columns the forward names (its signature), exempts the same norm weights and biases
+    from weight decay (the norms' holders are of their class), clips the exact gradient norm."""
+    from transformers import Trainer, TrainingArguments
+    model, reference = _build(models.gpt2, CPU2)
+    try:
+        generator = torch.Generator().manual_seed(0)
+        data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, models.VOCAB, (8, models.SEQ),
+                                                                          generator=generator)]
+
+        def loss_fn(outputs, labels, num_items_in_batch=None):  # float64 throughout (transformers' is float32)
+            return _causal_loss(outputs.logits, labels)
+        for net in (reference, model):
+            args = TrainingArguments(output_dir=str(tmp_path / type(net).__name__), per_device_train_batch_size=2,
+                                     max_steps=3, learning_rate=1e-2, weight_decay=0.1, max_grad_norm=1.0,
+                                     report_to=[], use_cpu=True, save_strategy="no", seed=0, disable_tqdm=True)
+            trainer = Trainer(model=net, args=args, train_dataset=data, compute_loss_func=loss_fn)
+            decayed = {name.split(".", 2)[2] if name.startswith("shards.") else name
+                       for name in trainer.get_decay_parameter_names(net)}
+            if net is reference:  # (less lm_head.weight: the tied embedding's other name)
+                expected_decayed = decayed & {name for name, _ in reference.named_parameters()}
+            else:
+                assert decayed == expected_decayed
+            trainer.train()
+        _whole_state_close(model, reference, "after 3 Trainer steps (AdamW, weight decay, clipping, schedule)")
+    finally:
+        model.close()
