@@ -163,7 +163,7 @@ def main():
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--checkpoint", default=os.path.join(HERE, "out", "llama-16"))
     parser.add_argument("--json", default=None)
     parser.add_argument("--job", default=None, help=argparse.SUPPRESS)
