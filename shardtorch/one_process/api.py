@@ -59,8 +59,8 @@ def _pool(devices, threads, build, what):
     return WorkerPool(devices, _threads(devices, threads), build, default_timeout().total_seconds(), grace_s=5.0)
 
 
-def tensor_parallel(model: nn.Module, devices: Sequence, *, threads: Optional[int] = None,
-                    **parallelize_options) -> TensorParallelModel:
+def tensor_parallel(model: nn.Module, devices: Optional[Sequence] = None, *, threads: Optional[int] = None,
+                    device_ids: Optional[Sequence] = None, **parallelize_options) -> TensorParallelModel:
     """``model`` split over ``devices`` from this one process, used as the unsharded model is.
 
     Starts one worker process per device (a rank of a group of all of them), gives each the model,
@@ -74,10 +74,15 @@ def tensor_parallel(model: nn.Module, devices: Sequence, *, threads: Optional[in
         model: the unsharded model, on the CPU (each rank moves its slices to its device).
         devices: one per rank: CUDA devices (``["cuda:0", "cuda:1"]``) or ``"cpu"`` repeated.
         threads: CPU threads per rank (default: this process's cores divided among the ranks).
+        device_ids: another name for ``devices`` (tensor_parallel's, for code written for it).
 
     ``close()`` (or the model's garbage collection, or exit) stops the workers. A rank's exception
     is raised here; see docs/one-process.md for faults and Ctrl-C.
     """
+    if device_ids is not None:
+        if devices is not None:
+            raise TypeError("tensor_parallel: pass devices or device_ids (the same argument), not both")
+        devices = device_ids
     devices = _devices(devices, "tensor_parallel")
     if not isinstance(model, nn.Module):
         raise TypeError(f"tensor_parallel: model must be a torch.nn.Module, got {type(model).__name__}")

@@ -124,8 +124,12 @@ class TensorParallelModel(nn.Module):
         floating = [t.dtype for t in self._views[0] if t.is_floating_point()]
         return floating[0] if floating else torch.get_default_dtype()
 
-    def extra_repr(self) -> str:
-        return f"{self._class_name} over {[str(d) for d in self.devices]}"
+    def __repr__(self) -> str:
+        # One line, not a module tree: the holders of each rank's parameters are not the model's layers.
+        count = sum(p.numel() for p in self.parameters())
+        state = "closed" if self._pool.closed else ("broken" if self._pool.broken else "ready")
+        return (f"TensorParallelModel({self._class_name} over {[str(d) for d in self.devices]}, {count:,} parameters, "
+                f"{state})")
 
     def close(self) -> None:
         """Stops the workers and frees their devices (also done when the model is garbage collected

@@ -91,7 +91,9 @@ def _build(factory, devices, **options):
 def test_gpt2_trains_and_generates_as_unsharded_and_survives_an_error_on_every_rank():
     model, reference = _build(models.gpt2, CPU2)
     try:
-        assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in reference.parameters())
+        count = sum(p.numel() for p in reference.parameters())
+        assert sum(p.numel() for p in model.parameters()) == count
+        assert repr(model) == f"TensorParallelModel(GPT2LMHeadModel over ['cpu', 'cpu'], {count:,} parameters, ready)"
         ids = _tokens(1)
         model.eval(), reference.eval()
         with torch.no_grad():
@@ -262,6 +264,8 @@ def test_bad_devices_are_refused_before_any_worker_starts():
             ts.tensor_parallel(net, devices)
     with pytest.raises(TypeError, match="group= is not an option"):
         ts.tensor_parallel(net, CPU2, group="tp")
+    with pytest.raises(TypeError, match="not both"):
+        ts.tensor_parallel(net, CPU2, device_ids=CPU2)
 
 
 def test_a_script_run_with_python_and_a_model_class_written_in_it(tmp_path):
@@ -282,7 +286,7 @@ def test_a_script_run_with_python_and_a_model_class_written_in_it(tmp_path):
 
         torch.manual_seed(0)
         whole = Mlp().double()
-        model = ts.tensor_parallel(Mlp().double(), ["cpu", "cpu"])
+        model = ts.tensor_parallel(Mlp().double(), device_ids=["cpu", "cpu"])  # tensor_parallel's name for it
         model.load_state_dict(whole.state_dict())
         x = torch.randn(4, 8, dtype=torch.float64)
         print("max error", (model(x) - whole(x)).abs().max().item())
