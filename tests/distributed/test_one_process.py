@@ -1,8 +1,10 @@
 """``ts.tensor_parallel(model, devices)`` from this one process (no torchrun), on CPU devices, in
-float64 against the unsharded model: logits, loss, every gradient, the parameters after optimizer
-steps, generate's tokens, state_dict / load_state_dict / save_pretrained, from_pretrained(devices=),
+float64 against the unsharded model (GPT-2, a grouped-head Llama, BERT and a timm ViT, each on 2 and
+on 3 devices): logits, loss, every gradient, the parameters after optimizer steps, generate's
+tokens, state_dict / load_state_dict / save_pretrained, from_pretrained(devices=), peft, the Trainer,
 and the faults (a rank that raises alone, a rank that exits, an exception on every rank, Ctrl-C,
-close). Each model's workers are started once per module and serve several checks."""
+close). A model's workers serve several checks; later models' workers fork from the fork servers
+the first one started."""
 import copy
 import os
 import signal
@@ -361,5 +363,35 @@ def test_hugging_face_trainer_trains_it_as_the_unsharded_model(tmp_path):
                 assert decayed == expected_decayed
             trainer.train()
         _whole_state_close(model, reference, "after 3 Trainer steps (AdamW, weight decay, clipping, schedule)")
+    finally:
+        model.close()
+
+
+@pytest.mark.parametrize("factory, devices, step", [
+    (models.gpt2, CPU3, "causal"), (lambda: models.llama(kv_heads=2, heads=8), CPU2, "causal"),
+    (models.bert, CPU2, "masked"), (models.vit, CPU3, "image")], ids=["gpt2-3cpu", "llama-2cpu", "bert-2cpu", "vit-3cpu"])
+def test_each_model_on_the_other_device_count(factory, devices, step):
+    """The other device count of each model above (GPT-2 and the ViT on 3, Llama and BERT on 2):
+    logits, loss, every gradient and AdamW steps against the unsharded model."""
+    model, reference = _build(factory, devices)
+    try:
+        if step == "image":
+            generator = torch.Generator().manual_seed(10)
+            batch = torch.randn(2, 3, 16, 16, generator=generator, dtype=F64)
+            target = torch.randint(0, 10, (2,), generator=generator)
+            with torch.no_grad():
+                _close(model(batch), reference(batch), "vit logits")
+            _train_and_compare(model, reference, batch, lambda net, b: F.cross_entropy(net(b), target), "vit")
+            return
+        ids = _tokens(11)
+        with torch.no_grad():
+            _close(model(input_ids=ids).logits, reference(input_ids=ids).logits, f"{step} logits")
+        if step == "causal":
+            _train_and_compare(model, reference, ids, lambda net, b: _causal_loss(net(input_ids=b).logits, b), step)
+        else:
+            labels = ids.clone()
+            labels[:, ::2] = -100
+            _train_and_compare(model, reference, (ids, labels),
+                               lambda net, b: _masked_loss(net(input_ids=b[0]).logits, b[1]), step)
     finally:
         model.close()
