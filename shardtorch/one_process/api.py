@@ -55,7 +55,7 @@ def _threads(devices, threads: Optional[int]) -> int:
     return max(1, cores // len(devices))
 
 
-def _pool(devices, threads, build, what):
+def _pool(devices, threads, build):
     return WorkerPool(devices, _threads(devices, threads), build, default_timeout().total_seconds(), grace_s=5.0)
 
 
@@ -95,7 +95,7 @@ def tensor_parallel(model: nn.Module, devices: Optional[Sequence] = None, *, thr
         raise ValueError(f"tensor_parallel: the model has tensors on {sorted(placed - {'cpu'})}; pass it on the CPU "
                          "(each rank moves only its slices to its device)")
     build = dict(how="parallelize", model=model, kwargs=parallelize_options)
-    return TensorParallelModel(_pool(devices, threads, build, "tensor_parallel"), model)
+    return TensorParallelModel(_pool(devices, threads, build), model)
 
 
 def from_pretrained_on(devices: Sequence, args, kwargs, threads: Optional[int] = None) -> TensorParallelModel:
@@ -105,7 +105,7 @@ def from_pretrained_on(devices: Sequence, args, kwargs, threads: Optional[int] =
         if key in kwargs:
             raise TypeError(f"from_pretrained: {key}= does not go with devices=: each rank's device is its "
                             "entry of devices")
-    pool = _pool(devices, threads, dict(how="from_pretrained", args=args, kwargs=kwargs), "from_pretrained")
+    pool = _pool(devices, threads, dict(how="from_pretrained", args=args, kwargs=kwargs))
     return TensorParallelModel(pool, _ConfigOnly(pool))
 
 

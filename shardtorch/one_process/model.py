@@ -9,6 +9,7 @@ replicated parameters to the other ranks. Their gradients are the ranks' gradien
 after each backward to the parameters that took part (None stays None, as in torch).
 """
 import inspect
+import itertools
 import weakref
 from collections import OrderedDict
 from typing import List, Optional
@@ -182,7 +183,7 @@ class TensorParallelModel(nn.Module):
 
     def _inputs(self, args, kwargs):
         """(args, kwargs) to send, and the input tensors that want gradients (in send order)."""
-        wanting, counter, positions = [], iter(range(1 << 62)), []
+        wanting, counter, positions = [], itertools.count(), []
 
         def tensor(value):
             position = next(counter)
@@ -200,20 +201,15 @@ class TensorParallelModel(nn.Module):
         self._pool.check_usable()
         self._sync_replicated()
         (args, kwargs), wanting, positions = self._inputs(args, kwargs)
-        self._steps += 1
-        number = self._steps
         grad_enabled = torch.is_grad_enabled()
         device_type = self.devices[0].type
         autocast = (torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type))
-        payload = dict(step=number, args=args, kwargs=kwargs, grad_inputs=positions, grad_enabled=grad_enabled,
+        payload = dict(args=args, kwargs=kwargs, grad_inputs=positions, grad_enabled=grad_enabled,
                        training=self.training, autocast=autocast, requires_grad=self._requires_grad())
         holder = {}
 
         def call():
-            structure, items, differentiable = self._run("forward", payload)[0]
-            step = CallerStep(number, self._fetch, self._backward, self._dropped)
-            outputs = [RemoteLogits(step, item.index, item.shape, item.dtype, self.devices[0])
-                       if isinstance(item, LazySlot) else item for item in items]
+            step, structure, outputs, differentiable = self._remote_step("forward", payload)
             holder.update(structure=structure, step=step)
             return step, outputs, differentiable
 
@@ -222,6 +218,17 @@ class TensorParallelModel(nn.Module):
         else:
             outputs = call()[1]
         return self._rebuild(holder["structure"], outputs, holder["step"])
+
+    def _remote_step(self, command: str, payload: dict):
+        """``command`` (forward or generate) as a new step on every rank: (its CallerStep, rank 0's
+        output structure, its tensors with lazy logits as RemoteLogits, which are differentiable)."""
+        self._steps += 1
+        number = self._steps
+        structure, items, differentiable = self._run(command, dict(payload, step=number))[0]
+        step = CallerStep(number, self._fetch, self._backward, self._dropped)
+        outputs = [RemoteLogits(step, item.index, item.shape, item.dtype, self.devices[0])
+                   if isinstance(item, LazySlot) else item for item in items]
+        return step, structure, outputs, differentiable
 
     def _rebuild(self, structure, outputs, step: CallerStep):
         def other(value):
@@ -249,13 +256,14 @@ class TensorParallelModel(nn.Module):
         return replies[0][0]
 
     def _resets(self, rank: int) -> List[int]:
-        """The gradient buffers this rank must zero before backward: those whose parameter has no
-        gradient here (None after zero_grad); a gradient the caller set itself is copied in."""
+        """The parameters whose gradient starts afresh on this rank (None here, after zero_grad): the rank
+        copies its new gradient into their buffers instead of adding to them; a gradient the caller set
+        itself is copied into the buffer first."""
         reset = []
         for index, param in self._parameters_of[rank].items():
             view = self._grad_views[rank].get(index)
             if view is None:
-                continue  # no buffer yet: the rank makes it zeroed
+                continue  # no buffer yet: the rank's first backward fills a new one
             if param.grad is None:
                 reset.append(index)
             elif param.grad is not view:
@@ -272,13 +280,8 @@ class TensorParallelModel(nn.Module):
                              "the workers. Call generate without a streamer and decode its result")
         self._sync_replicated()
         (args, kwargs), _, _ = self._inputs(args, kwargs)
-        self._steps += 1
-        number = self._steps
-        structure, items, _ = self._run("generate", dict(step=number, args=args, kwargs=kwargs, training=self.training,
-                                                         requires_grad=self._requires_grad()))[0]
-        step = CallerStep(number, self._fetch, self._backward, self._dropped)
-        outputs = [RemoteLogits(step, item.index, item.shape, item.dtype, self.devices[0])
-                   if isinstance(item, LazySlot) else item for item in items]
+        step, structure, outputs, _ = self._remote_step("generate", dict(
+            args=args, kwargs=kwargs, training=self.training, requires_grad=self._requires_grad()))
         return self._rebuild(structure, outputs, step)
 
     def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):

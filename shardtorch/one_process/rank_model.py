@@ -7,6 +7,7 @@ caller's optimizer updates them in place and nothing is copied per step.
 """
 import datetime
 import inspect
+import itertools
 import os
 from typing import Dict, List, Optional
 
@@ -107,13 +108,19 @@ class RankModel:
             torch.cuda.synchronize(self.device)  # the caller reads the results and the shared gradients next
         return result
 
-    def _inputs(self, step: _Step, args, kwargs, grad_inputs):
-        counter = iter(range(1 << 62))
+    def _open_step(self, number: int, args, kwargs, grad_inputs, training: bool, requires_grad):
+        """A forward's or generate's start: the caller's flags and mode applied, its step kept under
+        ``number``, its inputs on this rank's device (those the caller wants gradients of marked)."""
+        self._set_requires_grad(requires_grad)
+        if self.model.training != training:
+            self.model.train(training)
+        step = self.steps[number] = _Step()
+        positions = itertools.count()
         wanted = set(grad_inputs)
 
         def tensor(value):
             value = value.to(self.device)
-            if next(counter) in wanted:
+            if next(positions) in wanted:
                 value = value.detach().requires_grad_(True)
                 step.inputs.append(value)
             return value
@@ -124,9 +131,11 @@ class RankModel:
             return value
         return map_structure((args, kwargs), tensor, other)
 
-    def _outputs(self, step: _Step, value):
+    def _outputs(self, number: int, value):
         """Rank 0: (the output with its tensors as slots, per slot the tensor or a LazySlot, which
         slots are differentiable); other ranks keep theirs and return None."""
+        step = self.steps[number]
+
         def tensor(value):
             if isinstance(value, LazyLogits):
                 step.lazy[len(step.outputs)] = value
@@ -135,7 +144,7 @@ class RankModel:
 
         def other(value):
             step.objects[len(step.objects)] = value
-            return KeptObject(self._current_step, len(step.objects) - 1)
+            return KeptObject(number, len(step.objects) - 1)
         structure = map_structure(value, tensor, other)
         if self.rank != 0:
             return None
@@ -150,15 +159,10 @@ class RankModel:
 
     def _forward(self, step: int, args, kwargs, grad_inputs=(), grad_enabled=True, training=True,
                  autocast=None, requires_grad=None):
-        self._set_requires_grad(requires_grad)
-        if self.model.training != training:
-            self.model.train(training)
-        kept = self.steps[step] = _Step()
-        self._current_step = step
-        args, kwargs = self._inputs(kept, args, kwargs, grad_inputs)
+        args, kwargs = self._open_step(step, args, kwargs, grad_inputs, training, requires_grad)
         with torch.set_grad_enabled(grad_enabled), self._autocast(autocast):
             out = self.model(*args, **kwargs)
-        return self._outputs(kept, out)
+        return self._outputs(step, out)
 
     def _autocast(self, autocast):
         enabled, dtype = autocast or (False, None)
@@ -213,28 +217,20 @@ class RankModel:
     def _fetch(self, step: int, index: int):
         return self.steps[step].lazy[index].whole()
 
-    def _drop(self):
-        return None
-
     def _generate(self, step: int, args, kwargs, training=False, requires_grad=None):
         from transformers import StoppingCriteriaList
-        self._set_requires_grad(requires_grad)
-        if self.model.training != training:
-            self.model.train(training)
-        kept = self.steps[step] = _Step()
-        self._current_step = step
-        args, kwargs = self._inputs(kept, args, kwargs, ())
+        args, kwargs = self._open_step(step, args, kwargs, (), training, requires_grad)
         criteria = StoppingCriteriaList(kwargs.pop("stopping_criteria", None) or [])
         criteria.append(_CallerStop(self.stop_flag))
         with torch.no_grad():
             out = self.model.generate(*args, stopping_criteria=criteria, **kwargs)
-        return self._outputs(kept, out)
+        return self._outputs(step, out)
 
     def _state_dict(self):
         from ..checkpoint import collect_state_dict
         return collect_state_dict(self.model, self.model.state_dict(), dst=0)
 
-    def _load_state_dict(self, state_dict, strict=True, assign=False):
+    def _load_state_dict(self, state_dict, strict=True):
         from ..checkpoint import relocate_state_dict
         local = relocate_state_dict(self.model, state_dict if self.rank == 0 else None, src=0)
         result = self.model.load_state_dict(local, strict=strict)
