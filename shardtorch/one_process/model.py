@@ -106,14 +106,16 @@ class TensorParallelModel(nn.Module):
         # Where each rank's parameters are: Trainer and Accelerate then leave the placement alone
         # instead of calling .to() (which a TensorParallelModel refuses).
         self.hf_device_map = {f"shards.{rank}": str(device) for rank, device in enumerate(self.devices)}
+        this = weakref.ref(self)
+
+        def forward(*args, **kwargs):
+            return TensorParallelModel.forward(this(), *args, **kwargs)
         signature = _signature(forward_parameters)
         if signature is not None:  # forward takes the model's own signature (Trainer reads it)
-            this = weakref.ref(self)
-
-            def forward(*args, **kwargs):
-                return TensorParallelModel.forward(this(), *args, **kwargs)
             forward.__signature__ = signature
-            self.forward = forward
+        # torch.compile runs it as it is, between graphs: its work is the ranks', and tracing the
+        # commands to them (pipes, finalizers) fails inside dynamo.
+        self.forward = torch.compiler.disable(forward)
 
     # -- what the caller sees ---------------------------------------------------------------------
     @property

@@ -103,6 +103,8 @@ def test_gpt2_trains_and_generates_as_unsharded_and_survives_an_error_on_every_r
             expected = reference(input_ids=ids).logits
         _close(out.logits, expected, "gpt2 logits (eval, no_grad)")
         _close(out.loss, _causal_loss(expected, ids), "gpt2 loss from labels=")
+        with torch.no_grad():  # torch.compile runs the caller's forward as it is (its work is the ranks')
+            _close(torch.compile(model)(input_ids=ids).logits, expected, "gpt2 logits under torch.compile")
         # Every rank raises the same error (a sequence longer than the 16 positions: after the vocabulary-
         # parallel embedding's collective, at the position embedding): raised here, the model still works.
         with pytest.raises(IndexError, match="index out of range"):
