@@ -12,6 +12,10 @@ from tests.distributed.harness import LaunchCache, case_durations_report, expect
 # the automatic choice itself.
 os.environ["SHARDTORCH_CPU_AUTOCAST_GEMMS"] = "reduced"
 
+# Proofs the session's parallelize calls keep (nn/whole_model/proof_cache.py) go to a folder of its own,
+# empty at its start: the suite neither reads nor fills the user's cache, and every first proof runs.
+os.environ.setdefault("SHARDTORCH_CACHE_DIR", tempfile.mkdtemp(prefix="shardtorch-test-cache-"))
+
 
 def pytest_addoption(parser):
     parser.addoption("--case-durations", type=int, default=None, metavar="N",

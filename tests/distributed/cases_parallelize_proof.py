@@ -35,6 +35,26 @@ FIX = {
 }
 
 
+def proving_every_time(case):
+    """The case runs with the proof cache off (SHARDTORCH_PROOF_CACHE=0): what it checks is the proof
+    itself, which a proof kept by an earlier case of the launch would skip."""
+    import functools
+    import os
+
+    @functools.wraps(case)
+    def run():
+        before = os.environ.get("SHARDTORCH_PROOF_CACHE")
+        os.environ["SHARDTORCH_PROOF_CACHE"] = "0"
+        try:
+            return case()
+        finally:
+            if before is None:
+                os.environ.pop("SHARDTORCH_PROOF_CACHE")
+            else:
+                os.environ["SHARDTORCH_PROOF_CACHE"] = before
+    return run
+
+
 def _built(build, dtype=F64):
     torch.manual_seed(0)
     with warnings.catch_warnings():
@@ -54,6 +74,7 @@ def case_lookalikes_are_refused_on_every_rank_naming_the_module():
                      exception=ParallelizeProofError)
 
 
+@proving_every_time
 def case_the_plan_the_refusal_gives_matches_unsharded():
     """Each look-alike, built again and split by the plan its refusal names (the modules at fault whole),
     gives the unsharded model's logits within 1e-10 (and passes the proof)."""
@@ -67,6 +88,7 @@ def case_the_plan_the_refusal_gives_matches_unsharded():
             assert_close(_outputs(model, ids), _outputs(reference, ids), F64, f"{name} with the plan {FIX[name]}")
 
 
+@proving_every_time
 def case_zoo_proves_in_bfloat16_without_false_alarm():
     """Every zoo architecture split in bfloat16 passes its proof (run in float32, parameters widened and
     narrowed back bitwise; float64: every zoo case of cases_parallelize_zoo.py runs it), and then runs
@@ -87,6 +109,7 @@ def case_zoo_proves_in_bfloat16_without_false_alarm():
         assert logits.dtype == torch.bfloat16 and torch.isfinite(logits.float()).all(), f"{name} in bfloat16"
 
 
+@proving_every_time
 def case_proof_touches_neither_rng_nor_gradients():
     model = _built(models.gpt2)
     torch.manual_seed(7)
@@ -134,6 +157,7 @@ def case_unknown_inputs_are_warned_about_and_proven_with_probe():
                  exception=TypeError)
 
 
+@proving_every_time
 def case_ranks_holding_different_models_are_refused_before_the_split():
     torch.manual_seed(100 + ts.distributed.get_rank())  # no common seed: every rank draws its own weights
     model = models.gpt2().to(F64)
@@ -142,6 +166,7 @@ def case_ranks_holding_different_models_are_refused_before_the_split():
     assert model.transformer.h[0].attn.c_attn.weight.shape == (60, 180), "split before the refusal"
 
 
+@proving_every_time
 def case_gradients_alone_wrong_are_refused():
     """A split whose outputs agree and whose gradients do not (sequence parallelism without the sums of
     the norms' partial gradients, as loading once lost them) is refused, naming those parameters."""
@@ -200,6 +225,7 @@ def _on_meta(cls, config):
         return cls(config).to(F64)
 
 
+@proving_every_time
 def case_the_zoo_never_whole_proves_without_false_alarm():
     """from_config of every transformers model of the zoo (float64; bfloat16 for a few, whose proof runs
     in float32 as parallelize's does) passes the miniature's proof without a warning that it is not

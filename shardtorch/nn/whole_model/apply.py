@@ -27,6 +27,7 @@ from .lora import follow_split, lift_lora, peft_base_model, put_back, refuse_ada
 from .options_agree import check_options_agree, options_checked
 from .miniature import prove_on_miniature
 from . import proof
+from . import proof_cache
 from ...checkpoint.layout import model_layout
 from .vocabulary import tie, vocabulary_parallel
 
@@ -117,10 +118,21 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
     finally:
         put_back(lifted)
     blocks = _sequence_parallel_blocks(model, placements) if sequence_parallel else []
-    if verify is True and probe is None and any(p.is_meta for p in model.parameters()):
-        with options_checked(group):  # the miniature's parallelize: these options, checked above
-            prove_on_miniature(model, placements, plan, group, sequence_parallel, logits, parallelize)
-    proving = _probe_before_split(model, placements, verify, probe, sequence_parallel, group)
+    on_meta = any(p.is_meta for p in model.parameters())
+    remembered = _proven_before(model, placements, verify, probe, on_meta, sequence_parallel, logits, group)
+    if remembered is True:
+        proving = None
+    else:
+        if verify is True and probe is None and on_meta:
+            with options_checked(group), warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")  # the miniature's parallelize: these options, checked above
+                proven = prove_on_miniature(model, placements, plan, group, sequence_parallel, logits, parallelize)
+            for warning in said:
+                warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+            if proven and remembered is not None:
+                proof_cache.remember(remembered, [str(w.message) for w in said
+                                                  if str(w.message).startswith("parallelize:")], model)
+        proving = _probe_before_split(model, placements, verify, probe, sequence_parallel, group)
     whole_bytes = parameter_bytes(model)
     modules = dict(model.named_modules())
     placed: List[Tuple[str, str, str]] = []
@@ -176,6 +188,8 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
         gather_output_logits(model, vocabulary_head.weight.shape[0], vocabulary_head.out_features, group, logits)
     if proving is not None:
         _prove_after_split(model, placements, proving, group, sequence_parallel)
+        if isinstance(remembered, str):
+            proof_cache.remember(remembered, [], model)
     # After the proof, whose training forwards would use up the one-time check.
     check_inputs_at_first_training_forward(model, group)
     whole = left_whole(model)
@@ -188,6 +202,21 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
             print_report(model, placed, [describe(entry) for entry in whole], whole_bytes, loss, group, size,
                          rank_bytes)
     return given
+
+
+def _proven_before(model, placements, verify, probe, on_meta, sequence_parallel, logits, group):
+    """True when every rank has proven this split before (proof_cache.py; its warnings said again); else
+    the key to keep the proof under once it passes, or None when there is nothing to prove by it (verify
+    off, a probe of the caller's)."""
+    if verify is not True or probe is not None:
+        return None
+    digest = proof_cache.key(model, placements, "miniature" if on_meta else "whole",
+                             {"sequence_parallel": sequence_parallel, "logits": logits}, group)
+    said = proof_cache.proven(digest)
+    if proof_cache.agree(digest, said is not None, model, group):
+        proof_cache.say_again(said)
+        return True
+    return digest
 
 
 def _probe_before_split(model, placements, verify, probe, sequence_parallel, group):

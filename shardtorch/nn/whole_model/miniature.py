@@ -156,15 +156,16 @@ def _built_alike():
 
 
 def prove_on_miniature(model: nn.Module, placements: List[Placement], plan, group: str, sequence_parallel: bool,
-                       logits: str, parallelize: Callable[..., nn.Module]) -> None:
+                       logits: str, parallelize: Callable[..., nn.Module]) -> bool:
     """Proves ``model``'s split on a miniature of its class (module docstring); raises
-    ParallelizeProofError on every rank if that split is not exact, warns where it cannot prove."""
+    ParallelizeProofError on every rank if that split is not exact, warns where it cannot prove. Returns
+    whether a miniature's split was proven (its warnings may still name splits it does not cover)."""
     size = state.get_group_size(group)
     name = type(model).__name__
     config = miniature_config(getattr(model, "config", None), size)
     if config is None:
         _warn(f"{name} is on the meta device and has no Hugging Face config to build a miniature of it from")
-        return
+        return False
     dtype = proof.bound_for(model)[0]
     try:
         with _built_alike(), default_dtype(torch.float64 if dtype == torch.float64 else torch.float32):
@@ -177,7 +178,7 @@ def prove_on_miniature(model: nn.Module, placements: List[Placement], plan, grou
     if proof.agree_on_error(float(isinstance(mini, str)), group) > 0:  # so that every rank warns, none proves
         why = mini if isinstance(mini, str) else "it failed on another rank"
         _warn(f"a miniature of {name} (to prove the split of a model on the meta device) cannot be built ({why})")
-        return
+        return False
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         try:
@@ -194,6 +195,7 @@ def prove_on_miniature(model: nn.Module, placements: List[Placement], plan, grou
     if unmatched:
         _warn(f"{name}'s splits {sorted(unmatched)} do not occur in its miniature "
               f"({_described(config, name)}), so they are not proven")
+    return not any("not proven" in str(w.message) for w in said)
 
 
 def _described(config, name: str) -> str:

@@ -1,0 +1,184 @@
+"""Proofs already done on this machine: a split proven exact is remembered by what decides it, so that
+the next ``parallelize`` of the same model (the next launch of a job, a restart, another run of a
+script) checks a key instead of running the probe batch again.
+
+The key (one SHA-256) is made of what decides whether a split is exact: what the model computes
+(model_identity.py: its modules, attributes, shapes, dtypes, hooks, config, and the Python code its
+forwards reach), the plan resolved (every placement's module, style and layout), the options
+(sequence parallelism, logits, the group's size and backend; the default dtype, whether gradients
+and autocast are on) and the versions of Python, torch,
+transformers, peft and shardtorch (each of shardtorch's files by size and modification time). The
+weights are not part of it: how a split reads weights does not depend on their values, as the proof
+on a miniature already assumes.
+
+Only proofs that passed are kept (a refusal is proven again, its message fresh), with the warnings the
+proof gave, said again on reuse. Every rank of the group must have the entry, under the same key, for
+any to skip the proof: one all-gather, which also compares a sample of every parameter's values so
+that ranks holding different weights are still refused (what the probe's digest checks otherwise).
+
+Where: ``$SHARDTORCH_CACHE_DIR/proofs`` (default ``$XDG_CACHE_HOME/shardtorch``, else
+``~/.cache/shardtorch``), one small JSON file per proof; ``SHARDTORCH_PROOF_CACHE=0`` turns reuse
+off (every parallelize proves). A directory that cannot be written is not used.
+"""
+import hashlib
+import json
+import os
+import sys
+import tempfile
+import warnings
+from typing import List, Optional
+
+import torch
+from torch import nn
+
+from ...distributed import collectives
+from ...distributed import state
+from .model_identity import model_digest
+
+_versions: Optional[bytes] = None
+
+
+def directory() -> Optional[str]:
+    """Where proofs are kept, or None when reuse is off."""
+    if os.environ.get("SHARDTORCH_PROOF_CACHE", "1").strip().lower() in ("0", "off", "false", "no"):
+        return None
+    root = os.environ.get("SHARDTORCH_CACHE_DIR")
+    if not root:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        root = os.path.join(base, "shardtorch")
+    return os.path.join(root, "proofs")
+
+
+def _package_files() -> List[str]:
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    found = []
+    for folder, subfolders, files in os.walk(root):
+        subfolders[:] = sorted(d for d in subfolders if d != "__pycache__")
+        for name in sorted(files):
+            if name.endswith((".py", ".so", ".pyd")):
+                path = os.path.join(folder, name)
+                stat = os.stat(path)
+                found.append(f"{os.path.relpath(path, root)} {stat.st_size} {stat.st_mtime_ns}")
+    return found
+
+
+def versions() -> bytes:
+    """Python's, torch's, transformers', peft's and shardtorch's (its files), once per process."""
+    global _versions
+    if _versions is None:
+        text = [sys.version, torch.__version__]
+        for package in ("transformers", "peft", "timm"):
+            module = sys.modules.get(package)
+            text.append(f"{package} {getattr(module, '__version__', None)}")
+        _versions = hashlib.sha256("\n".join(text + _package_files()).encode()).digest()
+    return _versions
+
+
+def key(model: nn.Module, placements, kind: str, options: dict, group: str) -> str:
+    """The key of ``model``'s split by ``placements`` (module docstring); ``kind``: "whole" (proven on the
+    model itself) or "miniature" (on a miniature of its class)."""
+    h = hashlib.sha256(versions())
+    h.update(kind.encode())
+    h.update(model_digest(model))
+    for p in placements:
+        layout = "" if p.layout is None else type(p.layout).__name__
+        variant = "" if p.fit is None else repr(getattr(p.fit, "variant", None))
+        h.update(f"{p.name}|{p.style}|{type(p.module).__qualname__}|{layout}|{variant}|{p.unit}|{p.declared}\0".encode())
+    backend = collectives_backend(group)
+    h.update(repr((sorted(options.items()), state.get_group_size(group), backend, _context())).encode())
+    return h.hexdigest()
+
+
+def _context() -> tuple:
+    """What the probe batch runs under besides the model: the default dtype (tensors a forward makes),
+    gradients on or off (off, no gradient would be compared) and autocast."""
+    autocast = tuple(torch.is_autocast_enabled(device) for device in ("cpu", "cuda"))
+    return (torch.get_default_dtype(), torch.is_grad_enabled(), torch.is_inference_mode_enabled(), autocast)
+
+
+def collectives_backend(group: str) -> str:
+    import torch.distributed as dist
+    try:
+        return str(dist.get_backend(state.get_group(group)))
+    except Exception:  # noqa: BLE001 - a group of one without a backend
+        return "none"
+
+
+def _path(folder: str, digest: str) -> str:
+    return os.path.join(folder, digest[:2], digest + ".json")
+
+
+def proven(digest: str) -> Optional[List[str]]:
+    """The warnings of the proof kept under ``digest``, or None when there is none."""
+    folder = directory()
+    if folder is None:
+        return None
+    try:
+        with open(_path(folder, digest)) as f:
+            entry = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(entry, dict) or entry.get("exact") is not True:
+        return None
+    return [str(w) for w in entry.get("warnings", [])]
+
+
+def remember(digest: str, said: List[str], model: nn.Module) -> None:
+    """Keeps a passed proof (written whole or not at all: a temporary file renamed)."""
+    folder = directory()
+    if folder is None:
+        return
+    path = _path(folder, digest)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, temporary = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump({"exact": True, "warnings": said, "model": type(model).__qualname__}, f)
+        os.replace(temporary, path)
+    except OSError:  # a read-only or full disk: the proof is simply run again next time
+        pass
+
+
+def weights_sample(model: nn.Module) -> float:
+    """A float64 digest of a few values of every parameter (its first, middle and last elements, each
+    weighted by its place): ranks built under different seeds, or from different files, differ in it."""
+    values = []
+    for p in model.parameters():
+        if p.is_meta or not p.is_floating_point() or p.numel() == 0:
+            continue
+        n = p.numel()
+        if p.device.type == "cpu" and p.dtype in _NUMPY:
+            array = p.detach().numpy().reshape(-1)  # no copy; indexing it costs a fraction of a tensor's
+            values.extend((float(array[0]), float(array[n // 2]), float(array[n - 1])))
+        else:
+            values.extend(p.detach().reshape(-1)[[0, n // 2, n - 1]].double().tolist())
+    return sum(v * (1.0 + (i % 977) / 977.0) for i, v in enumerate(values))
+
+
+_NUMPY = (torch.float64, torch.float32, torch.float16)
+
+
+def agree(digest: str, found: bool, model: nn.Module, group: str) -> bool:
+    """Whether every rank of ``group`` has the proof under the same key (one all-gather). Raises on every
+    rank where all have it but their weights differ."""
+    size = state.get_group_size(group)
+    sample = weights_sample(model) if found else 0.0
+    if size == 1:
+        return found
+    mine = torch.tensor([float(found), float(int(digest[:12], 16)), sample], dtype=torch.float64)
+    everyone = [torch.zeros_like(mine) for _ in range(size)]
+    collectives.all_gather(everyone, mine, group=state.get_group(group))
+    if not all(t[0].item() == 1.0 and t[1].item() == mine[1].item() for t in everyone):
+        return False
+    samples = [t[2].item() for t in everyone]
+    if max(samples) - min(samples) > 1e-9 * max(1.0, max(abs(s) for s in samples)):
+        raise ValueError(f"parallelize: the ranks of group {group!r} hold different models: their parameters "
+                         f"differ (a sample of every parameter's values, by group rank: "
+                         f"{['%.6g' % s for s in samples]}). Build the model under the same seed "
+                         f"(torch.manual_seed) or load the same checkpoint on every rank.")
+    return True
+
+
+def say_again(said: List[str]) -> None:
+    for message in said:
+        warnings.warn(message, stacklevel=4)

@@ -1,0 +1,167 @@
+"""Proofs kept and reused (shardtorch/nn/whole_model/proof_cache.py), on real ranks: a model proven
+once is not run on the probe batch again, and still gives the unsharded numbers; a change to what
+the model computes (a helper patched to mix heads, one instance's forward) is proven again and
+refused; ranks that do not all have the proof all prove; ranks holding different weights are still
+refused; SHARDTORCH_PROOF_CACHE=0 proves every time; a model on the meta device skips its miniature."""
+import contextlib
+import os
+import shutil
+import tempfile
+import types
+import warnings
+
+import torch
+import torch.distributed as dist
+
+import shardtorch as ts
+from shardtorch.nn.whole_model import proof
+from shardtorch.nn.whole_model.proof import ParallelizeProofError
+from tests.distributed import parallelize_models as models
+from tests.reference import assert_close, expect_error
+
+F64 = torch.float64
+
+
+@contextlib.contextmanager
+def _cache(shared: bool = True, enabled: bool = True):
+    """A fresh cache folder for the case (one for all ranks, or one per rank as on separate hosts)."""
+    names = [tempfile.mkdtemp(prefix="shardtorch-proofs-") if dist.get_rank() == 0 or not shared else None]
+    if shared:
+        dist.broadcast_object_list(names, src=0)
+    saved = {k: os.environ.get(k) for k in ("SHARDTORCH_CACHE_DIR", "SHARDTORCH_PROOF_CACHE")}
+    os.environ["SHARDTORCH_CACHE_DIR"] = names[0]
+    os.environ["SHARDTORCH_PROOF_CACHE"] = "1" if enabled else "0"
+    try:
+        yield names[0]
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        dist.barrier()
+        if dist.get_rank() == 0 or not shared:
+            shutil.rmtree(names[0], ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _probes_counted():
+    """How many times a probe batch runs through a model (the whole one, then the parallel one)."""
+    count = [0]
+    original = proof.run_probe
+
+    def counted(*args, **kwargs):
+        count[0] += 1
+        return original(*args, **kwargs)
+    proof.run_probe = counted
+    try:
+        yield count
+    finally:
+        proof.run_probe = original
+
+
+def _built(build, seed=0):
+    torch.manual_seed(seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return build().to(F64)
+
+
+def _ids():
+    return torch.randint(3, models.VOCAB, (2, models.SEQ), generator=torch.Generator().manual_seed(5))
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(input_ids=ids).logits.detach()
+
+
+def _entries(folder):
+    return sorted(name for _, _, files in os.walk(folder) for name in files if name.endswith(".json"))
+
+
+def case_a_proven_split_is_reused_and_exact():
+    ids = _ids()
+    with _cache() as folder, _probes_counted() as probes:
+        ts.nn.parallelize(_built(models.llama))
+        assert probes[0] == 2, f"the first parallelize ran {probes[0]} probes, not 2 (whole, parallel)"
+        dist.barrier()
+        assert len(_entries(folder)) == 1, _entries(folder)
+        model = ts.nn.parallelize(_built(models.llama)).eval()
+        assert probes[0] == 2, "the proven split was proven again"
+        assert_close(_logits(model, ids), _logits(_built(models.llama).eval(), ids), F64, "Llama, proof reused")
+    with _cache(enabled=False) as folder, _probes_counted() as probes:
+        for _ in range(2):
+            ts.nn.parallelize(_built(models.llama))
+        assert probes[0] == 4, f"SHARDTORCH_PROOF_CACHE=0: {probes[0]} probes for two parallelize, not 4"
+        assert not _entries(folder), _entries(folder)
+
+
+def _rotary_rolled_over_heads(original):
+    def rotary(q, k, cos, sin, *args, **kwargs):
+        q, k = original(q, k, cos, sin, *args, **kwargs)
+        return q.roll(1, dims=1), k  # queries of one head meet the keys of the next: whole heads mixed
+    return rotary
+
+
+def case_changed_code_is_proven_again_and_refused():
+    """After the Llama is proven, its rotary helper patched to mix heads (as a kernels library patches a
+    modeling file), or one attention's forward replaced on the instance, is not taken from the cache: it is
+    proven and refused on every rank. Put back, the kept proof serves again."""
+    from transformers.models.llama import modeling_llama
+    with _cache(), _probes_counted() as probes:
+        ts.nn.parallelize(_built(models.llama))
+        original = modeling_llama.apply_rotary_pos_emb
+        modeling_llama.apply_rotary_pos_emb = _rotary_rolled_over_heads(original)
+        try:
+            expect_error(lambda: ts.nn.parallelize(_built(models.llama)), "the split is not exact",
+                         "'model.layers.0.self_attn' (attention", exception=ParallelizeProofError)
+        finally:
+            modeling_llama.apply_rotary_pos_emb = original
+        model = _built(models.llama)
+        q_proj = model.model.layers[1].self_attn.q_proj
+        head = model.config.hidden_size // model.config.num_attention_heads
+
+        def forward(self, x):
+            return torch.nn.functional.linear(x, self.weight, self.bias).roll(head, -1)  # each head's queries move
+        q_proj.forward = types.MethodType(forward, q_proj)  # to the next head: across the shards' boundaries
+        expect_error(lambda: ts.nn.parallelize(model), "the split is not exact", exception=ParallelizeProofError)
+        before = probes[0]
+        ts.nn.parallelize(_built(models.llama))
+        assert probes[0] == before, "the unchanged Llama was proven again"
+
+
+def case_ranks_that_do_not_all_have_the_proof_all_prove():
+    """Caches of their own (ranks on separate hosts): the proof removed on the last rank alone makes every
+    rank prove, without waiting on each other, and every rank then has it."""
+    last = dist.get_world_size() - 1
+    with _cache(shared=False) as folder, _probes_counted() as probes:
+        ts.nn.parallelize(_built(models.gpt2))
+        if dist.get_rank() == last:
+            shutil.rmtree(folder)
+        dist.barrier()
+        ts.nn.parallelize(_built(models.gpt2))
+        assert probes[0] == 4, f"rank {dist.get_rank()}: {probes[0]} probes, not 4 (the proof ran again)"
+        ts.nn.parallelize(_built(models.gpt2))
+        assert probes[0] == 4, f"rank {dist.get_rank()}: the proof kept on every rank ran again"
+
+
+def case_ranks_holding_different_weights_are_refused_with_a_kept_proof():
+    with _cache(), _probes_counted() as probes:
+        ts.nn.parallelize(_built(models.gpt2))
+        model = _built(models.gpt2, seed=100 + dist.get_rank())
+        expect_error(lambda: ts.nn.parallelize(model), "hold different models", "torch.manual_seed",
+                     exception=ValueError)
+        assert probes[0] == 2, "the refusal came from a probe, not from the kept proof's check"
+
+
+def case_a_model_on_the_meta_device_skips_its_miniature_once_proven():
+    config = models.llama().config
+    cls = type(models.llama())
+    with _cache(), _probes_counted() as probes:
+        for _ in range(2):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                ts.nn.from_config(cls, config, dtype=F64)
+            assert not [w for w in caught if "not proven" in str(w.message)], [str(w.message) for w in caught]
+        assert probes[0] == 2, f"{probes[0]} probes for two from_config: the miniature was proven twice"
