@@ -9,9 +9,14 @@ key-value heads, MLP 2816, vocabulary 32,000, untied head) saved with
 save_pretrained in float32 (1.03 GiB in one model.safetensors), made once
 under benchmarks/out/. Each way of loading runs in fresh processes (torchrun's
 environment, Gloo), one after the other, round-robin over the rounds:
-- shardtorch: ``ts.nn.from_pretrained(path)``;
-- shardtorch unproven: ``ts.nn.from_pretrained(path, verify=False)`` (what the
-  proof on a miniature of the class costs, against the line above);
+- shardtorch: ``ts.nn.from_pretrained(path)``, the default: the proof on a
+  miniature of the class is run by the first load and kept (under a folder of
+  the benchmark's own, emptied when it starts), later loads check its key
+  (shardtorch/nn/whole_model/proof_cache.py); its round 0 is the first load;
+- shardtorch proving: the same with ``SHARDTORCH_PROOF_CACHE=0`` (the proof
+  on a miniature run by every load);
+- shardtorch unproven: ``ts.nn.from_pretrained(path, verify=False)`` (the
+  ways above against this one: what the proof costs);
 - transformers: ``AutoModelForCausalLM.from_pretrained(path, tp_plan="auto")``;
 - whole, then parallelize: ``from_pretrained(path)`` then ``ts.nn.parallelize``.
 Per rank: resident memory after the imports and the process group (the
@@ -26,6 +31,7 @@ forward's figure shows what each holds once every weight has been used.
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 
@@ -34,7 +40,26 @@ import common  # noqa: E402
 
 CONFIG = dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=18,
               num_attention_heads=16, num_key_value_heads=8, max_position_embeddings=512, tie_word_embeddings=False)
-WAYS = ("shardtorch", "shardtorch-unproven", "transformers", "whole+parallelize")
+WAYS = ("shardtorch", "shardtorch-proving", "shardtorch-unproven", "transformers", "whole+parallelize")
+
+
+def _time_the_proof():
+    """Adds the seconds parallelize spends on the proof (its key checked, the miniature built and proven)
+    to the list it returns, by wrapping the two steps."""
+    from shardtorch.nn.whole_model import apply
+    spent = [0.0]
+
+    def timed(step):
+        def run(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return step(*args, **kwargs)
+            finally:
+                spent[0] += time.perf_counter() - start
+        return run
+    apply._proven_before = timed(apply._proven_before)
+    apply.prove_on_miniature = timed(apply.prove_on_miniature)
+    return spent
 
 
 def rank_job(way, path):
@@ -48,10 +73,12 @@ def rank_job(way, path):
     world = dist.get_world_size()
     if way != "transformers":
         ts.distributed.init_process_group(group_size=world)
+    proof_seconds = _time_the_proof() if way.startswith("shardtorch") else [0.0]
     dist.barrier()
     baseline = common.reset_peak_resident_memory()
     start = time.perf_counter()
-    if way == "shardtorch":
+    if way in ("shardtorch", "shardtorch-proving"):
+        os.environ["SHARDTORCH_PROOF_CACHE"] = "0" if way == "shardtorch-proving" else "1"
         model = ts.nn.from_pretrained(path)
     elif way == "shardtorch-unproven":
         model = ts.nn.from_pretrained(path, verify=False)
@@ -69,7 +96,7 @@ def rank_job(way, path):
     common.write_result({"way": way, "rank": dist.get_rank(), "seconds": seconds, "baseline_mib": baseline / 1024,
                          "peak_mib": peak / 1024, "peak_above_baseline_mib": (peak - baseline) / 1024,
                          "after_forward_above_baseline_mib": (used - baseline) / 1024,
-                         "local_parameter_mib": local / 2**20, "loss": loss})
+                         "local_parameter_mib": local / 2**20, "loss": loss, "proof_seconds": proof_seconds[0]})
     dist.destroy_process_group()
 
 
@@ -85,6 +112,9 @@ def main():
     if args.rank_job:
         return rank_job(*args.rank_job)
     common.llama_checkpoint(args.checkpoint, CONFIG)
+    proofs = os.path.join(common.REPO, "benchmarks", "out", "loading-proofs")
+    shutil.rmtree(proofs, ignore_errors=True)
+    os.environ["SHARDTORCH_CACHE_DIR"] = proofs  # the ranks inherit it
     size = os.path.getsize(os.path.join(args.checkpoint, "model.safetensors")) / 2**20
     print(f"checkpoint {args.checkpoint}: {size:.0f} MiB; CPU: {common.cpu_name()}")
     rows = []
@@ -99,7 +129,8 @@ def main():
                 print(f"round {round_} N={world} {way:18s} peak above baseline {worst['peak_above_baseline_mib']:7.0f} "
                       f"MiB (whole/N x 1.1 = {size / world * 1.1:6.0f}), peak RSS {worst['peak_mib']:7.0f} MiB, "
                       f"after a forward {worst['after_forward_above_baseline_mib']:7.0f} MiB, "
-                      f"load {max(r['seconds'] for r in results):5.1f} s, local parameters "
+                      f"load {max(r['seconds'] for r in results):5.2f} s (proof "
+                      f"{max(r['proof_seconds'] for r in results) * 1e3:6.1f} ms), local parameters "
                       f"{worst['local_parameter_mib']:6.0f} MiB, loss {results[0]['loss']:.6f}", flush=True)
     if args.json:
         with open(args.json, "w") as f:

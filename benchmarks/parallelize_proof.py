@@ -1,5 +1,7 @@
-"""What the proof costs: ``ts.nn.parallelize(model)`` (verify=True, the default) against
-``ts.nn.parallelize(model, verify=False)``, side by side on the same ranks, round-robin.
+"""What the proof costs: ``ts.nn.parallelize(model, verify=False)``, against the proof run
+(``SHARDTORCH_PROOF_CACHE=0``: every call proves) and against the default, which reuses the proof
+kept by an earlier call (shardtorch/nn/whole_model/proof_cache.py: the key checked instead of the
+probe batch run), side by side on the same ranks, round-robin.
 
     python benchmarks/parallelize_proof.py [--world-size 2] [--repeats 5]
 
@@ -7,7 +9,7 @@ Models: the zoo's tiny architectures (tests/distributed/zoo_models.py, float64, 
 48-64: parallelize itself takes milliseconds there, so the proof's fixed cost shows most) and the
 GPT-2 of benchmarks/transformer.py (6 layers, width 512, vocabulary 32,000, float32). Each timing
 builds the model under the same seed (not timed) and times parallelize alone; median of --repeats,
-the slowest rank's. Peak memory: the largest tensor memory parallelize allocates beyond what
+the slowest rank's. The proofs are kept in a fresh folder (the warm-up round fills it). Peak memory: the largest tensor memory parallelize allocates beyond what
 existed before it (shardtorch.utils.memory.PeakMemory), the largest over ranks.
 """
 import argparse
@@ -42,12 +44,14 @@ def _rank_main(args):
     import shardtorch as ts
     from shardtorch.utils.memory import PeakMemory
     ts.distributed.init_process_group(group_size=args.world_size)
+    ways = {"verify=False": dict(verify=False), "proving": dict(), "proof kept": dict()}
     results = {}
     for name, build in _models().items():
-        times = {True: [], False: []}
-        peaks = {True: 0, False: 0}
-        for _ in range(args.repeats + 1):  # the first round warms up
-            for verify in (False, True):
+        times = {way: [] for way in ways}
+        peaks = {way: 0 for way in ways}
+        for round_ in range(args.repeats + 1):  # the first round warms up (and keeps the proof)
+            for way, options in ways.items():
+                os.environ["SHARDTORCH_PROOF_CACHE"] = "0" if way == "proving" else "1"
                 torch.manual_seed(0)
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
@@ -55,16 +59,19 @@ def _rank_main(args):
                 dist.barrier()
                 with PeakMemory() as peak:
                     start = time.perf_counter()
-                    ts.nn.parallelize(model, verify=verify)
+                    ts.nn.parallelize(model, **options)
                     elapsed = time.perf_counter() - start
                 slowest = torch.tensor([elapsed, float(peak.peak_bytes)], dtype=torch.float64)
                 dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-                times[verify].append(slowest[0].item())
-                peaks[verify] = max(peaks[verify], int(slowest[1].item()))
+                times[way].append(slowest[0].item())
+                if round_ > 0:
+                    peaks[way] = max(peaks[way], int(slowest[1].item()))
                 del model
-        results[name] = {"parallelize_s": statistics.median(times[False][1:]),
-                         "with_proof_s": statistics.median(times[True][1:]),
-                         "peak_mib": peaks[False] / 2**20, "peak_with_proof_mib": peaks[True] / 2**20}
+        results[name] = {"parallelize_s": statistics.median(times["verify=False"][1:]),
+                         "with_proof_s": statistics.median(times["proving"][1:]),
+                         "proof_kept_s": statistics.median(times["proof kept"][1:]),
+                         "peak_mib": peaks["verify=False"] / 2**20, "peak_with_proof_mib": peaks["proving"] / 2**20,
+                         "peak_proof_kept_mib": peaks["proof kept"] / 2**20}
     if dist.get_rank() == 0:
         print(json.dumps(results))
 
@@ -78,17 +85,25 @@ def main():
     args = parser.parse_args()
     if args.rank_main:
         return _rank_main(args)
+    import tempfile
     from tests.launcher import run_ranks
+    os.environ["SHARDTORCH_CACHE_DIR"] = tempfile.mkdtemp(prefix="shardtorch-bench-proofs-")  # the ranks inherit it
     outputs = run_ranks([sys.executable, os.path.abspath(__file__), "--rank-main", "--world-size",
                          str(args.world_size), "--repeats", str(args.repeats)], args.world_size, timeout=3600)
     code, output = outputs[0]
     if code != 0:
         sys.exit(output)
     results = json.loads(output.strip().splitlines()[-1])
-    print(f"{'model':<14} {'parallelize':>12} {'with proof':>11} {'ratio':>6} {'peak MiB':>9} {'with proof':>11}")
+    from benchmarks.common import cpu_name
+    print(f"CPU: {cpu_name()}; {args.world_size} ranks; milliseconds, the slowest rank's median")
+    print(f"{'model':<14} {'verify=False':>12} {'proving':>9} {'ratio':>6} {'proof kept':>11} {'ratio':>6} "
+          f"{'peak MiB':>9} {'proving':>8} {'kept':>6}")
     for name, r in results.items():
-        print(f"{name:<14} {r['parallelize_s'] * 1e3:>10.1f}ms {r['with_proof_s'] * 1e3:>9.1f}ms "
-              f"{r['with_proof_s'] / r['parallelize_s']:>6.2f} {r['peak_mib']:>9.1f} {r['peak_with_proof_mib']:>11.1f}")
+        base = r["parallelize_s"]
+        print(f"{name:<14} {base * 1e3:>12.2f} {r['with_proof_s'] * 1e3:>9.2f} {r['with_proof_s'] / base:>6.2f} "
+              f"{r['proof_kept_s'] * 1e3:>11.2f} {r['proof_kept_s'] / base:>6.3f} {r['peak_mib']:>9.1f} "
+              f"{r['peak_with_proof_mib']:>8.1f} {r['peak_proof_kept_mib']:>6.1f}")
+    results["cpu"] = cpu_name()
     os.makedirs(os.path.dirname(args.json), exist_ok=True)
     with open(args.json, "w") as f:
         json.dump(results, f, indent=1)

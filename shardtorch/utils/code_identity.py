@@ -80,6 +80,11 @@ def _names(code: types.CodeType) -> Tuple[str, ...]:
 
 def as_function(value) -> Optional[types.FunctionType]:
     """The Python function behind a method, static or class method, property getter or partial."""
+    kind = type(value)
+    if kind is types.FunctionType:
+        return value
+    if kind in _SIMPLE_TYPES:  # most values the walk meets: no isinstance chain for them
+        return None
     if isinstance(value, (staticmethod, classmethod, types.MethodType)):
         value = value.__func__
     elif isinstance(value, property):
@@ -87,6 +92,10 @@ def as_function(value) -> Optional[types.FunctionType]:
     elif isinstance(value, functools.partial):
         value = value.func
     return value if isinstance(value, types.FunctionType) else None
+
+
+_SIMPLE_TYPES = frozenset({int, float, str, bool, bytes, type(None), tuple, list, dict, type, types.ModuleType,
+                           types.BuiltinFunctionType})
 
 
 def class_attribute(cls: type, name: str):
@@ -117,6 +126,7 @@ class _Walk:
         self.bindings: Dict[tuple, tuple] = {}  # (kind, id(where), name) -> (kind, where, name, what it found)
         self.seen = set()
         self.stack: List[Tuple[types.FunctionType, Optional[type]]] = []
+        self.namespaces: Dict[type, dict] = {}
 
     def run(self, starts: Iterable[Tuple[types.FunctionType, Optional[type]]]) -> bytes:
         self.stack.extend(starts)
@@ -147,20 +157,32 @@ class _Walk:
             self._value(contents)
         names = _names(code)
         space = function.__globals__
+        in_class = self._namespace(owner) if owner is not None else {}
         for name in names:
-            if owner is not None:
-                found = class_attribute(owner, name)
-                if found is not None:
-                    self._bind("class", owner, name, found)
-                    inner = as_function(found)
-                    if inner is not None:
-                        self.stack.append((inner, owner))
+            found = in_class.get(name)
+            if found is not None:
+                self._bind("class", owner, name, found)
+                inner = as_function(found)
+                if inner is not None:
+                    self.stack.append((inner, owner))
             value = space.get(name)
             if value is None:
                 continue
             self._bind("global", space, name, value)
             self.hash.update(name.encode())
             self._global(value, names)
+
+    def _namespace(self, cls: type) -> dict:
+        """What class_attribute finds in ``cls``, as one dict (built once per walk: a model's class has a
+        dozen bases and its methods use a hundred names)."""
+        found = self.namespaces.get(cls)
+        if found is None:
+            found = {}
+            for klass in reversed(cls.__mro__):
+                if klass is not nn.Module and klass is not object:
+                    found.update((k, v) for k, v in klass.__dict__.items() if v is not None)
+            self.namespaces[cls] = found
+        return found
 
     def _patched_names(self, function: types.FunctionType) -> None:
         """A library function's names, one level: a function of other code found under one of them (a

@@ -66,7 +66,9 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
             in a way the layouts do not expect is then split silently wrong.
             A model on the meta device (from_pretrained, from_config) is
             proven on a miniature of its class instead (miniature.py), before
-            it is split.
+            it is split. A passed proof is kept on the machine and the next
+            parallelize of the same model checks its key instead
+            (proof_cache.py; SHARDTORCH_PROOF_CACHE=0 proves every time).
         probe: the probe batch, ``(args, kwargs)`` or a kwargs dict, for a
             model whose inputs parallelize cannot tell (token ids for a
             model with a config and ``input_ids``, images for timm and
