@@ -212,9 +212,12 @@ def _proven_before(model, placements, verify, probe, on_meta, sequence_parallel,
     off, a probe of the caller's)."""
     if verify is not True or probe is not None:
         return None
-    digest = proof_cache.key(model, placements, "miniature" if on_meta else "whole",
-                             {"sequence_parallel": sequence_parallel, "logits": logits}, group)
-    said = proof_cache.proven(digest)
+    try:
+        digest = proof_cache.key(model, placements, "miniature" if on_meta else "whole",
+                                 {"sequence_parallel": sequence_parallel, "logits": logits}, group)
+    except Exception:  # noqa: BLE001 - a model the key cannot describe is proven every time, never refused
+        digest = None
+    said = proof_cache.proven(digest) if digest is not None else None
     if proof_cache.agree(digest, said is not None, model, group):
         proof_cache.say_again(said)
         return True
