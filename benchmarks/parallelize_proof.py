@@ -9,7 +9,8 @@ Models: the zoo's tiny architectures (tests/distributed/zoo_models.py, float64, 
 48-64: parallelize itself takes milliseconds there, so the proof's fixed cost shows most) and the
 GPT-2 of benchmarks/transformer.py (6 layers, width 512, vocabulary 32,000, float32). Each timing
 builds the model under the same seed (not timed) and times parallelize alone; median of --repeats,
-the slowest rank's. The proofs are kept in a fresh folder (the warm-up round fills it). Peak memory: the largest tensor memory parallelize allocates beyond what
+the slowest rank's; the order of the three ways rotates each round. The proofs are kept in a fresh
+folder (the warm-up round fills it). Peak memory: the largest tensor memory parallelize allocates beyond what
 existed before it (shardtorch.utils.memory.PeakMemory), the largest over ranks.
 """
 import argparse
@@ -50,7 +51,8 @@ def _rank_main(args):
         times = {way: [] for way in ways}
         peaks = {way: 0 for way in ways}
         for round_ in range(args.repeats + 1):  # the first round warms up (and keeps the proof)
-            for way, options in ways.items():
+            order = list(ways.items())
+            for way, options in order[round_ % 3:] + order[:round_ % 3]:  # each way after each other in turn
                 os.environ["SHARDTORCH_PROOF_CACHE"] = "0" if way == "proving" else "1"
                 torch.manual_seed(0)
                 with warnings.catch_warnings():

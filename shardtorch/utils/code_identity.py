@@ -196,18 +196,21 @@ def as_function(value) -> Optional[types.FunctionType]:
         return value
     if kind in _PLAIN:
         return None
+    # issubclass on type(value), not isinstance: a config's __getattribute__ would answer each __class__
     try:
-        if isinstance(value, (staticmethod, classmethod, types.MethodType)):
+        if issubclass(kind, (staticmethod, classmethod, types.MethodType)):
             value = value.__func__
-        elif isinstance(value, property):
+        elif issubclass(kind, property):
             value = value.fget
-        elif isinstance(value, functools.cached_property):
+        elif issubclass(kind, functools.cached_property):
             value = value.func
-        elif isinstance(value, functools.partial):
+        elif issubclass(kind, functools.partial):
             value = value.func
-    except Exception:  # noqa: BLE001 - an object whose isinstance check raises
+        else:
+            return None
+    except Exception:  # noqa: BLE001 - an attribute that raises
         return None
-    return value if isinstance(value, types.FunctionType) else None
+    return value if type(value) is types.FunctionType else None
 
 
 def class_attribute(cls: type, name: str):
@@ -279,25 +282,27 @@ class Description:
         function = as_function(value)
         if function is not None:
             owner = None
-            if kind is types.MethodType and not isinstance(value.__self__, type):
+            if kind is types.MethodType and not issubclass(type(value.__self__), type):
                 owner = type(value.__self__)
             self.parts.append("function " + _named(function))
             self.follow(function, owner)
-            if isinstance(value, functools.partial):
+            if issubclass(kind, functools.partial):
                 self.value((value.args, value.keywords), depth + 1)
             elif kind is types.MethodType and owner is not None:
                 self.value(value.__self__, depth + 1)
             return
-        if isinstance(value, _BUILTIN):
+        # Dispatched on type(value) with issubclass: a config's __getattribute__ would answer isinstance's
+        # __class__ lookups, slowly.
+        if issubclass(kind, _BUILTIN):
             self.parts.append("builtin " + _named(value))
             return
         # Modules and classes before the seen-check: what is read of them depends on the names of the code
         # that reads them.
-        if isinstance(value, types.ModuleType):  # transformers' lazy modules are subclasses
+        if issubclass(kind, types.ModuleType):  # transformers' lazy modules are subclasses
             self.parts.append("module " + str(value.__name__))
             self.module_attributes(value, names, 0)
             return
-        if isinstance(value, type) and not isinstance(value, nn.Module):
+        if issubclass(kind, type):
             self.parts.append("class " + _named(value))
             self.klass(value, names)
             return
@@ -309,27 +314,27 @@ class Description:
             return
         self.seen[id(value)] = (len(self.seen), value)  # held: a temporary's id is not reused meanwhile
         self.checked(value)
-        if isinstance(value, nn.Module):
+        if issubclass(kind, nn.Module):
             self.module(None, value, depth)
-        elif isinstance(value, torch.Tensor):
+        elif issubclass(kind, torch.Tensor):
             self.tensor(value, contents=True)
-        elif isinstance(value, functools.partial):  # of a builtin
+        elif issubclass(kind, functools.partial):  # of a builtin
             self.parts.append("partial")
             self.value((value.func, value.args, value.keywords), depth + 1)
-        elif isinstance(value, (list, tuple)):
+        elif issubclass(kind, (list, tuple)):
             self.parts.append(f"{_named(kind)}[{len(value)}]")
             for item in value:
                 self.value(item, depth + 1)
-        elif isinstance(value, dict):
+        elif issubclass(kind, dict):
             self.parts.append(f"{_named(kind)}{{{len(value)}}}")
             for key, item in list(dict.items(value)):
                 if type(key) is str and key in PROVENANCE:
                     continue
                 self.value(key, depth + 1)
                 self.value(item, depth + 1, names)
-        elif isinstance(value, (set, frozenset)):
+        elif issubclass(kind, (set, frozenset)):
             self.parts.append(f"{_named(kind)}" + repr(sorted(self.apart(item, depth + 1) for item in value)))
-        elif isinstance(value, Mapping):
+        elif issubclass(kind, Mapping):
             self.registry(value, depth)
         else:
             self.instance(value, kind, depth, names)
@@ -358,7 +363,7 @@ class Description:
         if kind.__module__ == "numpy" or kind.__name__ == "ndarray":
             self.array(value)
             return
-        code = getattr(value, "code", None) if isinstance(value, torch.jit.ScriptFunction) else None
+        code = getattr(value, "code", None) if issubclass(kind, torch.jit.ScriptFunction) else None
         if isinstance(code, str):  # a scripted function: its TorchScript
             self.parts.append(code)
         try:
@@ -486,17 +491,17 @@ def _snapshot(value, depth: int = 0):
     if depth > 4:
         return id(value)
     try:
-        if isinstance(value, torch.Tensor):
+        if issubclass(kind, torch.Tensor):
             return ("tensor", id(value), value._version)
-        if isinstance(value, (list, tuple)):
+        if issubclass(kind, (list, tuple)):
             return (kind, tuple(_snapshot(v, depth + 1) for v in value))
-        if isinstance(value, dict):
+        if issubclass(kind, dict):
             return (kind, tuple((_snapshot(k, depth + 1), _snapshot(v, depth + 1)) for k, v in list(dict.items(value))))
-        if isinstance(value, (set, frozenset)):
+        if issubclass(kind, (set, frozenset)):
             return (kind, tuple(sorted(id(v) for v in value)))
-        if isinstance(value, Mapping):
+        if issubclass(kind, Mapping):
             return (kind, tuple((repr(k), id(v)) for k, v in list(value.items())[:_REGISTRY_LIMIT]), len(value))
-        if isinstance(value, (type, types.ModuleType, types.FunctionType)) or _library_class(kind):
+        if issubclass(kind, (type, types.ModuleType, types.FunctionType)) or _library_class(kind):
             return id(value)
         attributes = object.__getattribute__(value, "__dict__")
         return ("object", id(value), _snapshot(attributes, depth + 1))

@@ -130,6 +130,8 @@ def test_site_packages_under_the_standard_library_is_other_code(monkeypatch):
     site_packages = sysconfig.get_paths()["purelib"]
     monkeypatch.setattr(code_identity, "_STDLIB", (site_packages.rsplit("/", 1)[0] + "/",))
     monkeypatch.setattr(code_identity, "_named_only_files", {})
+    monkeypatch.setattr(code_identity, "_library_classes", {})
+    monkeypatch.setattr(code_identity, "_walks", {})
     model = _llama()
     base = model_digest(model)
     original = modeling_llama.apply_rotary_pos_emb

@@ -3,18 +3,19 @@ the next ``parallelize`` of the same model (the next launch of a job, a restart,
 script) checks a key instead of running the probe batch again.
 
 The key (one SHA-256) is made of what decides whether a split is exact: what the model computes
-(model_identity.py: its modules, attributes, shapes, dtypes, hooks, config, and the Python code its
-forwards reach), the plan resolved (every placement's module, style and layout), the options
-(sequence parallelism, logits, the group's size and backend; the default dtype, whether gradients
-and autocast are on) and the versions of Python, torch,
-transformers, peft and shardtorch (each of shardtorch's files by size and modification time). The
-weights are not part of it: how a split reads weights does not depend on their values, as the proof
-on a miniature already assumes.
+(model_identity.py: its modules, attributes, shapes, dtypes, hooks, config, and the Python code it
+runs, utils/code_identity.py), the plan resolved (every placement's module, style and layout), the
+options (sequence parallelism, logits, the group's size and backend; the default dtype, whether
+gradients and autocast are on) and the versions of Python, torch, transformers, peft, timm and
+shardtorch (each of shardtorch's files by size and modification time). The weights are not part of
+it: how a split reads weights does not depend on their values, as the proof on a miniature already
+assumes. A model the key cannot describe (parallelize catches the error) is proven every time.
 
 Only proofs that passed are kept (a refusal is proven again, its message fresh), with the warnings the
 proof gave, said again on reuse. Every rank of the group must have the entry, under the same key, for
-any to skip the proof: one all-gather, which also compares a sample of every parameter's values so
-that ranks holding different weights are still refused (what the probe's digest checks otherwise).
+any to skip the proof: one all-gather, which also compares the first and last values of every
+parameter, so that ranks holding different weights are still refused (what the probe's digest checks
+otherwise).
 
 Where: ``$SHARDTORCH_CACHE_DIR/proofs`` (default ``$XDG_CACHE_HOME/shardtorch``, else
 ``~/.cache/shardtorch``), one small JSON file per proof; ``SHARDTORCH_PROOF_CACHE=0`` turns reuse
