@@ -93,7 +93,7 @@ def named_only_file(filename: str) -> bool:
     """Whether a function of this file counts by name (torch's and the standard library's)."""
     answer = _named_only_files.get(filename)
     if answer is None:
-        answer = filename.startswith(_TORCH_DIR) or (
+        answer = filename.startswith((_TORCH_DIR, "<frozen ")) or (
             filename.startswith(_STDLIB) and not filename.startswith(_SITES)
             and "site-packages" not in filename and "dist-packages" not in filename)
         _named_only_files[filename] = answer
@@ -119,6 +119,18 @@ def _library_class(cls: type) -> bool:
                   or (isinstance(file, str) and (named_only_file(file) or not file.endswith(".py"))))
         _library_classes[cls] = answer
     return answer
+
+
+def installed_file(filename: str) -> bool:
+    return (named_only_file(filename) or filename.startswith(_SITES) or "site-packages" in filename
+            or "dist-packages" in filename)
+
+
+def _installed_class(cls: type) -> bool:
+    """A class of an installed package (transformers, peft): its methods other than forward and __call__
+    are followed where code names them, not all of them (a PeftModel's hundreds)."""
+    file = getattr(sys.modules.get(getattr(cls, "__module__", None) or ""), "__file__", None)
+    return isinstance(file, str) and installed_file(file)
 
 
 _code_digests: Dict[types.CodeType, bytes] = {}
@@ -161,6 +173,8 @@ def _names(code: types.CodeType) -> Tuple[str, ...]:
         for const in code.co_consts:
             if isinstance(const, types.CodeType):
                 found.update(_names(const))
+            elif isinstance(const, str) and const.isidentifier():  # getattr(self, "HEAD_MINOR", False)
+                found.add(const)
         names = _all_names[code] = tuple(sorted(found))
     return names
 
@@ -372,7 +386,8 @@ class Description:
             wrapped = None
         if wrapped is not None:
             self.value(wrapped, depth + 1)
-        if _library_class(kind):
+        if _library_class(kind):  # torch's or Python's: by class and simple attributes (a Namespace's flags,
+            self.plain_attributes(value, depth)  # a BlockMask's mask_mod, a custom op's functions)
             return
         self.klass(kind, names, own=not isinstance(self, _Walk))  # what a module holds: all its methods
         try:
@@ -388,19 +403,49 @@ class Description:
                     self.parts.append("slot " + slot)
                     self.value(getattr(value, slot, None), depth + 1)
 
+    def plain_attributes(self, value, depth: int) -> None:
+        """An object's attributes that are simple values (by repr) or functions (followed); containers and
+        other objects by class: what a library object holds that decides what code computes."""
+        try:
+            attributes = object.__getattribute__(value, "__dict__")
+        except Exception:  # noqa: BLE001
+            attributes = None
+        items = list(dict.items(attributes)) if type(attributes) is dict else []
+        for klass in type(value).__mro__:
+            slots = vars(klass).get("__slots__", ())
+            for slot in (slots,) if isinstance(slots, str) else slots:
+                if slot not in ("__dict__", "__weakref__"):
+                    items.append((slot, getattr(value, slot, None)))
+        if issubclass(type(value), (type, types.ModuleType)):
+            return
+        for key, item in items:
+            kind = type(item)
+            if kind in _SIMPLE or as_function(item) is not None or issubclass(kind, _BUILTIN):
+                self.parts.append(str(key))
+                self.value(item, depth + 1)
+            elif issubclass(kind, (tuple, list)) and all(type(v) in _SIMPLE for v in item):
+                self.parts.append(f"{key} {item!r}")
+            else:
+                self.parts.append(f"{key}: {_named(kind)}")
+
     def klass(self, cls: type, names: Tuple[str, ...], own: bool = False) -> None:
         """A class the code meets: its constructors and __call__, and the methods ``names`` names, followed;
         with ``own``, every method of its own file too (an object a module holds: self.layout.split())."""
         if _library_class(cls):
             return
-        if own and cls not in self.classes:
+        if own and cls not in self.classes and not _installed_class(cls):
             self.classes.add(cls)
             for function in own_methods(cls):
                 self.follow(function, cls)
         for name in _CONSTRUCTORS + names:
-            found = as_function(class_attribute(cls, name))
+            definition = class_attribute(cls, name)
+            found = as_function(definition)
             if found is not None:
+                self.bound(cls, name, definition)
                 self.follow(found, cls)
+
+    def bound(self, cls: type, name: str, definition) -> None:
+        """A method found in ``cls`` (the walk checks it is still there before reusing itself)."""
 
     def module_attributes(self, module: types.ModuleType, names: Tuple[str, ...], depth: int) -> None:
         """The values of ``module`` under names the code uses, and of its submodules so named
@@ -456,7 +501,7 @@ class Description:
             function = as_function(class_attribute(cls, attribute))
             if function is not None:
                 self.follow(function, cls)
-        if not _library_class(cls):
+        if not _library_class(cls) and not _installed_class(cls):  # a script's, a notebook's, a checkout's
             for function in own_methods(cls):
                 self.follow(function, cls)
 
@@ -466,6 +511,11 @@ class Description:
             return
         self.parts.append(f"tensor {tuple(tensor.shape)} {tensor.dtype} {tensor.device.type} {tensor.layout} "
                           f"{tensor.requires_grad}")
+        kind = type(tensor)
+        if kind is not torch.Tensor and kind is not nn.Parameter:  # a subclass (torchao's quantized weights)
+            self.parts.append("subclass " + _named(kind))
+            self.klass(kind, ("__torch_function__", "__torch_dispatch__"))
+            self.plain_attributes(tensor, 1)
         if not contents or tensor.is_meta or tensor.is_nested or tensor.layout != torch.strided \
                 or tensor.is_quantized or tensor.numel() > _SMALL:
             return
@@ -501,10 +551,22 @@ def _snapshot(value, depth: int = 0):
             return (kind, tuple(sorted(id(v) for v in value)))
         if issubclass(kind, Mapping):
             return (kind, tuple((repr(k), id(v)) for k, v in list(value.items())[:_REGISTRY_LIMIT]), len(value))
-        if issubclass(kind, (type, types.ModuleType, types.FunctionType)) or _library_class(kind):
+        if issubclass(kind, (type, types.ModuleType, types.FunctionType)):
             return id(value)
-        attributes = object.__getattribute__(value, "__dict__")
-        return ("object", id(value), _snapshot(attributes, depth + 1))
+        if kind.__name__ == "ndarray":
+            return ("array", id(value), value.shape, hashlib.sha256(value.tobytes()).digest()
+                    if value.size <= _SMALL and value.dtype.kind != "O" else None)
+        try:
+            attributes = object.__getattribute__(value, "__dict__")
+        except AttributeError:
+            attributes = {}
+        slots = tuple(getattr(value, slot, None) for klass in kind.__mro__
+                      for slot in ((vars(klass).get("__slots__", ()),) if isinstance(vars(klass).get("__slots__", ()), str)
+                                   else vars(klass).get("__slots__", ())) if slot not in ("__dict__", "__weakref__"))
+        if _library_class(kind):  # what plain_attributes reads: its simple values and functions
+            return ("library", id(value), tuple((k, v if type(v) in _SIMPLE else id(v))
+                                                for k, v in list(dict.items(attributes))), tuple(map(id, slots)))
+        return ("object", id(value), _snapshot(attributes, depth + 1), tuple(_snapshot(v, depth + 1) for v in slots))
     except Exception:  # noqa: BLE001 - not comparable: never the same, so the walk is run again
         return object()
 
@@ -528,6 +590,9 @@ class _Walk(Description):
         if type(value) not in _SIMPLE:
             self.checks.append(("value", value, _snapshot(value)))
 
+    def bound(self, cls: type, name: str, definition) -> None:
+        self.checks.append(("class", cls, name, definition))
+
     def run(self, starts: Iterable[Tuple[types.FunctionType, Optional[type]]]) -> bytes:
         self.stack.extend(reversed(list(starts)))
         while self.stack:
@@ -542,28 +607,33 @@ class _Walk(Description):
         """Whether a function is followed through its globals and class: the model's own files' (its
         modules' classes') and code outside installed packages (a script's, a notebook's)."""
         file = function.__code__.co_filename
-        if file in self.model_files:
-            return True
-        return not (named_only_file(file) or file.startswith(_SITES) or "site-packages" in file
-                    or "dist-packages" in file)
+        return file in self.model_files or not installed_file(file)
 
     def function(self, function: types.FunctionType, owner: Optional[type]) -> None:
         self.parts.append("def " + _named(function))
         self.checks.append(("code", function, (function.__code__, function.__defaults__, function.__kwdefaults__)))
         wrapped = function.__dict__.get("__wrapped__")
-        if wrapped is not None:
-            self.value(wrapped, 1)
+        if wrapped is not None:  # a decorated method: the function it wraps is a method of the same class
+            self.checks.append(("get", function.__dict__, "__wrapped__", wrapped))
+            inner = as_function(wrapped)
+            if inner is not None:
+                self.parts.append("wraps " + _named(inner))
+                self.follow(inner, owner)
+            else:
+                self.value(wrapped, 1)
         if not self.deep(function):  # a library's: its own code, and which function each global names
+            file = function.__code__.co_filename
             if not _named_only(function):
                 self.parts.append(code_digest(function.__code__).hex())
-            self.cells(function, shallow=True)
+                self.parts.append(_file_stamp(file))  # its package's other code: by its files' stamps
+            self.cells(function, owner, shallow=True)
             self.library_globals(function)
             return
         code = function.__code__
         self.parts.append(code_digest(code).hex())
         self.value(function.__defaults__, 1)
         self.value(function.__kwdefaults__, 1)
-        self.cells(function)
+        self.cells(function, owner)
         names = _names(code)
         if owner is not None:
             self.class_names(owner, names)
@@ -575,8 +645,10 @@ class _Walk(Description):
                 self.parts.append("global " + name)
                 self.value(found, 1, names)
 
-    def cells(self, function: types.FunctionType, shallow: bool = False) -> None:
-        """The closure's values (a library decorator's: the functions it wraps, and simple values)."""
+    def cells(self, function: types.FunctionType, owner: Optional[type], shallow: bool = False) -> None:
+        """The closure's values. A function there (what a decorator wraps) is followed as a method of the
+        same class; a library decorator's other values count when simple, a registry, or an object by its
+        simple attributes (autocast's dtype)."""
         for name, cell in zip(function.__code__.co_freevars, function.__closure__ or ()):
             try:
                 contents = cell.cell_contents
@@ -584,10 +656,21 @@ class _Walk(Description):
                 contents = _ABSENT
             if contents is _ABSENT or name == "__class__":  # super()'s class: the owner's MRO is read
                 continue
-            if shallow and not (type(contents) in _SIMPLE or as_function(contents) is not None):
-                continue
             self.checks.append(("cell", cell, None, contents))
-            self.value(contents, 1)
+            inner = as_function(contents)
+            if inner is not None and type(contents) is types.FunctionType:
+                self.parts.append("closes over " + _named(inner))
+                self.follow(inner, owner)
+            elif not shallow or type(contents) in _SIMPLE or inner is not None \
+                    or issubclass(type(contents), (type, types.ModuleType) + _BUILTIN):
+                self.value(contents, 1)
+            elif issubclass(type(contents), Mapping):
+                self.checked(contents)
+                self.registry(contents, 1)
+            else:
+                self.checked(contents)
+                self.parts.append("object " + _named(type(contents)))
+                self.plain_attributes(contents, 1)
 
     def class_names(self, owner: type, names: Tuple[str, ...]) -> None:
         """Names the code uses that a class of ``owner``'s MRO defines: each definition (super() reaches past
@@ -614,17 +697,12 @@ class _Walk(Description):
                 else:
                     self.value(value, 1)
 
-    def definitions(self, owner: type) -> Dict[str, list]:
-        """{name: [(class, its value or _ABSENT) for every class of owner's MRO]} for every name some class
-        of the MRO defines (built once per walk and owner)."""
+    def definitions(self, owner: type) -> "_Definitions":
+        """{name: [(class, its value or _ABSENT) for every class of owner's MRO], or None where no class
+        defines it}, filled as names are asked for (once per walk and owner)."""
         found = self.owner_definitions.get(owner)
         if found is None:
-            classes = _mro(owner)
-            names = set()
-            for klass in classes:
-                names.update(vars(klass))
-            found = {name: [(klass, vars(klass).get(name, _ABSENT)) for klass in classes] for name in names}
-            self.owner_definitions[owner] = found
+            found = self.owner_definitions[owner] = _Definitions(_mro(owner))
         return found
 
     def library_globals(self, function: types.FunctionType) -> None:
@@ -655,12 +733,17 @@ class _Walk(Description):
 
     def library_value(self, name: str, found) -> None:
         function = as_function(found)
+        kind = type(found)
         if function is not None:
             self.parts.append(f"{name} = {_named(function)}")
             if self.deep(function):  # a patch of the model's or the user's code
                 self.follow(function, None)
-        elif isinstance(found, _BUILTIN):
+        elif issubclass(kind, _BUILTIN):
             self.parts.append(f"{name} = {_named(found)}")
+        elif issubclass(kind, Mapping) and not issubclass(kind, dict) and not _library_class(kind):
+            self.parts.append(f"{name} =")  # a registry of another package (transformers' mask functions)
+            self.checked(found)
+            self.registry(found, 1)
 
     def module_attributes(self, module: types.ModuleType, names: Tuple[str, ...], depth: int) -> None:
         space = module.__dict__
@@ -688,17 +771,50 @@ class _Walk(Description):
                 self.klass(type(found), ("__call__",))
 
 
+class _Definitions(dict):
+    def __init__(self, classes: List[type]):
+        super().__init__()
+        self.classes = classes
+
+    def __missing__(self, name: str):
+        found = [(klass, vars(klass).get(name, _ABSENT)) for klass in self.classes]
+        self[name] = found if any(value is not _ABSENT for _, value in found) else None
+        return self[name]
+
+    def get(self, name, default=None):
+        return self[name]
+
+
+_stamps: Dict[str, str] = {}
+
+
+def _file_stamp(file: str) -> str:
+    """An installed file's size and modification time, once per process: a package upgraded or edited in
+    place changes it, and with it the constants and helpers its functions reach (not walked)."""
+    stamp = _stamps.get(file)
+    if stamp is None:
+        try:
+            stat = os.stat(file)
+            stamp = f"{stat.st_size} {stat.st_mtime_ns}"
+        except OSError:
+            stamp = "?"
+        _stamps[file] = stamp
+    return stamp
+
+
 class _Checks:
     """A walk's bindings by kind, each kind checked in one pass."""
 
     def __init__(self, checks: List[tuple]):
         self.gets = [(c[1], c[2], c[3]) for c in checks if c[0] == "get"]
+        self.classes = [(c[1], c[2], c[3]) for c in checks if c[0] == "class"]
         self.code = [(c[1], c[2]) for c in checks if c[0] == "code"]
         self.cells = [(c[1], c[3]) for c in checks if c[0] == "cell"]
         self.values = [(c[1], c[2]) for c in checks if c[0] == "value"]
 
     def hold(self) -> bool:
         return (all(space.get(name, _ABSENT) is found for space, name, found in self.gets)
+                and all(class_attribute(cls, name) is found for cls, name, found in self.classes)
                 and all((f.__code__, f.__defaults__, f.__kwdefaults__) == found for f, found in self.code)
                 and all(_cell(cell) is found for cell, found in self.cells)
                 and all(_snapshot(value) == snapshot for value, snapshot in self.values))

@@ -188,3 +188,48 @@ def test_odd_attributes_never_make_it_raise():
     model = nn.Sequential(nn.Linear(2, 2))
     model[0].extra = cyclic
     model_digest(model)
+
+
+def test_what_decorated_methods_and_library_objects_read():
+    """A class flag read by a decorated forward (functools.wraps, torch.no_grad) or through getattr; flags
+    held in a SimpleNamespace or argparse.Namespace; a class method patched after the walk was reused."""
+    wraps = ("import functools as _f\n"
+             "def deco(fn):\n    @_f.wraps(fn)\n    def inner(*a, **k):\n        return fn(*a, **k)\n    return inner\n")
+    script = SCRIPT.replace("    def forward(self, x):", "    @deco\n    def forward(self, x):")
+    for label, pre, flag in (("functools.wraps", wraps, "self.MIX"), ("torch.no_grad", "deco = torch.no_grad()", "self.MIX"),
+                             ("getattr", wraps, "getattr(self, 'MIX', False)")):
+        pair = []
+        for value in (False, True):
+            name = f"d_{label.replace('.', '_')}_{value}"
+            module = types.ModuleType(name)
+            sys.modules[name] = module
+            source = script.format(pre=pre, classbody=f"MIX = {value}", init="pass", body=_flag(flag))
+            exec(compile(textwrap.dedent(source), f"<{name}>", "exec"), module.__dict__)
+            pair.append(module)
+        _differ(f"a class flag under a {label} forward", *pair)
+    for holder in ("types.SimpleNamespace", "argparse.Namespace"):
+        pre = "import types, argparse"
+        _differ(f"flags in a {holder}",
+                _script(f"n_{holder[:4]}a", pre=pre, init=f"self.args = {holder}(mix=False)", body=_flag("self.args.mix")),
+                _script(f"n_{holder[:4]}b", pre=pre, init=f"self.args = {holder}(mix=True)", body=_flag("self.args.mix")))
+    module = _script("s_patched", pre="class Heads:\n    @staticmethod\n    def mix(t):\n        return t\n",
+                     body="q = Heads.mix(q)")
+    model = module.Attn()
+    base = model_digest(model)
+    module.Heads.mix = staticmethod(lambda t: t.roll(1, dims=1))
+    assert model_digest(model) != base, "a class method patched after the walk: the reused walk missed it"
+
+
+class _Quantized(torch.Tensor):
+    """A weight of another tensor class (what torchao's quantize_ leaves): same shape and dtype."""
+
+    @classmethod
+    def __torch_function__(cls, func, types_, args=(), kwargs=None):
+        return super().__torch_function__(func, types_, args, kwargs or {})
+
+
+def test_a_weight_of_a_tensor_subclass_changes_it():
+    plain = nn.Sequential(nn.Linear(4, 4))
+    other = nn.Sequential(nn.Linear(4, 4))
+    other[0].weight = nn.Parameter(other[0].weight.detach().as_subclass(_Quantized))
+    assert model_digest(plain) != model_digest(other)
