@@ -9,7 +9,9 @@ Models: the zoo's tiny architectures (tests/distributed/zoo_models.py, float64, 
 48-64: parallelize itself takes milliseconds there, so the proof's fixed cost shows most) and the
 GPT-2 of benchmarks/transformer.py (6 layers, width 512, vocabulary 32,000, float32). Each timing
 builds the model under the same seed (not timed) and times parallelize alone; median of --repeats,
-the slowest rank's; the order of the three ways rotates each round. The proofs are kept in a fresh
+the slowest rank's; the order of the three ways rotates each round. "key": the median time rank 0 spends
+checking the kept proof's key inside parallelize (timed around that step: the split's own time varies
+more between calls than the key costs). The proofs are kept in a fresh
 folder (the warm-up round fills it). Peak memory: the largest tensor memory parallelize allocates beyond what
 existed before it (shardtorch.utils.memory.PeakMemory), the largest over ranks.
 """
@@ -46,9 +48,21 @@ def _rank_main(args):
     from shardtorch.utils.memory import PeakMemory
     ts.distributed.init_process_group(group_size=args.world_size)
     ways = {"verify=False": dict(verify=False), "proving": dict(), "proof kept": dict()}
+    from shardtorch.nn.whole_model import apply
+    spent = [0.0]  # the seconds parallelize spends checking the key (its own timing: the split's varies more)
+    checking = apply._proven_before
+
+    def timed(*a, **k):
+        start = time.perf_counter()
+        try:
+            return checking(*a, **k)
+        finally:
+            spent[0] += time.perf_counter() - start
+    apply._proven_before = timed
     results = {}
     for name, build in _models().items():
         times = {way: [] for way in ways}
+        keys = []
         peaks = {way: 0 for way in ways}
         for round_ in range(args.repeats + 1):  # the first round warms up (and keeps the proof)
             order = list(ways.items())
@@ -59,6 +73,7 @@ def _rank_main(args):
                     warnings.simplefilter("ignore")
                     model = build()
                 dist.barrier()
+                spent[0] = 0.0
                 with PeakMemory() as peak:
                     start = time.perf_counter()
                     ts.nn.parallelize(model, **options)
@@ -68,10 +83,13 @@ def _rank_main(args):
                 times[way].append(slowest[0].item())
                 if round_ > 0:
                     peaks[way] = max(peaks[way], int(slowest[1].item()))
+                    if way == "proof kept":
+                        keys.append(spent[0])
                 del model
         results[name] = {"parallelize_s": statistics.median(times["verify=False"][1:]),
                          "with_proof_s": statistics.median(times["proving"][1:]),
                          "proof_kept_s": statistics.median(times["proof kept"][1:]),
+                         "key_s": statistics.median(keys),
                          "peak_mib": peaks["verify=False"] / 2**20, "peak_with_proof_mib": peaks["proving"] / 2**20,
                          "peak_proof_kept_mib": peaks["proof kept"] / 2**20}
     if dist.get_rank() == 0:
@@ -99,12 +117,13 @@ def main():
     from benchmarks.common import cpu_name
     print(f"CPU: {cpu_name()}; {args.world_size} ranks; milliseconds, the slowest rank's median")
     print(f"{'model':<14} {'verify=False':>12} {'proving':>9} {'ratio':>6} {'proof kept':>11} {'ratio':>6} "
-          f"{'peak MiB':>9} {'proving':>8} {'kept':>6}")
+          f"{'key':>6} {'key/split':>9} {'peak MiB':>9} {'proving':>8} {'kept':>6}")
     for name, r in results.items():
         base = r["parallelize_s"]
         print(f"{name:<14} {base * 1e3:>12.2f} {r['with_proof_s'] * 1e3:>9.2f} {r['with_proof_s'] / base:>6.2f} "
-              f"{r['proof_kept_s'] * 1e3:>11.2f} {r['proof_kept_s'] / base:>6.3f} {r['peak_mib']:>9.1f} "
-              f"{r['peak_with_proof_mib']:>8.1f} {r['peak_proof_kept_mib']:>6.1f}")
+              f"{r['proof_kept_s'] * 1e3:>11.2f} {r['proof_kept_s'] / base:>6.3f} {r['key_s'] * 1e3:>6.2f} "
+              f"{r['key_s'] / base:>9.3f} {r['peak_mib']:>9.1f} {r['peak_with_proof_mib']:>8.1f} "
+              f"{r['peak_proof_kept_mib']:>6.1f}")
     results["cpu"] = cpu_name()
     os.makedirs(os.path.dirname(args.json), exist_ok=True)
     with open(args.json, "w") as f:
