@@ -44,22 +44,9 @@ WAYS = ("shardtorch", "shardtorch-proving", "shardtorch-unproven", "transformers
 
 
 def _time_the_proof():
-    """Adds the seconds parallelize spends on the proof (its key checked, the miniature built and proven)
-    to the list it returns, by wrapping the two steps."""
+    """The seconds parallelize spends on the proof (its key checked, the miniature built and proven)."""
     from shardtorch.nn.whole_model import apply
-    spent = [0.0]
-
-    def timed(step):
-        def run(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return step(*args, **kwargs)
-            finally:
-                spent[0] += time.perf_counter() - start
-        return run
-    apply._proven_before = timed(apply._proven_before)
-    apply.prove_on_miniature = timed(apply.prove_on_miniature)
-    return spent
+    return common.time_spent_in(apply, "_proven_before", "prove_on_miniature")
 
 
 def rank_job(way, path):

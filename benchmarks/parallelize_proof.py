@@ -49,16 +49,8 @@ def _rank_main(args):
     ts.distributed.init_process_group(group_size=args.world_size)
     ways = {"verify=False": dict(verify=False), "proving": dict(), "proof kept": dict()}
     from shardtorch.nn.whole_model import apply
-    spent = [0.0]  # the seconds parallelize spends checking the key (its own timing: the split's varies more)
-    checking = apply._proven_before
-
-    def timed(*a, **k):
-        start = time.perf_counter()
-        try:
-            return checking(*a, **k)
-        finally:
-            spent[0] += time.perf_counter() - start
-    apply._proven_before = timed
+    from benchmarks.common import time_spent_in
+    spent = time_spent_in(apply, "_proven_before")  # checking the key (its own timing: the split's varies more)
     results = {}
     for name, build in _models().items():
         times = {way: [] for way in ways}
