@@ -1,4 +1,4 @@
-"""What the proof's key sees of a model defined in a script (shardtorch/utils/code_identity.py through
+"""What the proof's key sees of a model defined in a script (shardtorch/utils/code_identity/ through
 model_identity.model_digest): each pair below is one script edited in one place so that a split by
 heads would compute otherwise, and the two must get different digests; the outputs are checked to
 differ too, so that each pair is a real change. Also: a digest reused in one process notices a patch
@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from shardtorch.nn.whole_model.model_identity import model_digest
+import shardtorch.utils.code_identity.files
+import shardtorch.utils.code_identity.walk
 from shardtorch.utils import code_identity
 
 SCRIPT = '''
@@ -128,10 +130,10 @@ def test_site_packages_under_the_standard_library_is_other_code(monkeypatch):
     from tests.unit.test_model_identity import _llama
     from transformers.models.llama import modeling_llama
     site_packages = sysconfig.get_paths()["purelib"]
-    monkeypatch.setattr(code_identity, "_STDLIB", (site_packages.rsplit("/", 1)[0] + "/",))
-    monkeypatch.setattr(code_identity, "_named_only_files", {})
-    monkeypatch.setattr(code_identity, "_library_classes", {})
-    monkeypatch.setattr(code_identity, "_walks", {})
+    monkeypatch.setattr(code_identity.files, "_STDLIB", (site_packages.rsplit("/", 1)[0] + "/",))
+    monkeypatch.setattr(code_identity.files, "_named_only_files", {})
+    monkeypatch.setattr(code_identity.files, "_library_classes", {})
+    monkeypatch.setattr(code_identity.walk, "_walks", {})
     model = _llama()
     base = model_digest(model)
     original = modeling_llama.apply_rotary_pos_emb

@@ -1,5 +1,5 @@
 """The digest the proof's cache keys a split by (shardtorch/nn/whole_model/model_identity.py and
-shardtorch/utils/code_identity.py): the same for every build of a model, whatever its weights and in
+shardtorch/utils/code_identity/): the same for every build of a model, whatever its weights and in
 every process; different after any change to what the model computes: its config, an instance's
 attribute or forward, a hook, a dtype, a small buffer, and the code its forward reaches by name (a
 patched helper, a registry entry, a patched torch.nn.functional function, a default argument)."""

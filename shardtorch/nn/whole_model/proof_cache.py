@@ -4,7 +4,7 @@ script) checks a key instead of running the probe batch again.
 
 The key (one SHA-256) is made of what decides whether a split is exact: what the model computes
 (model_identity.py: its modules, attributes, shapes, dtypes, hooks, config, and the Python code it
-runs, utils/code_identity.py), the plan resolved (every placement's module, style and layout), the
+runs, utils/code_identity/), the plan resolved (every placement's module, style and layout), the
 options (sequence parallelism, logits, the group's size and backend; the default dtype, whether
 gradients and autocast are on) and the versions of Python, torch, transformers, peft, timm and
 shardtorch (each of shardtorch's files by size and modification time). The weights are not part of
