@@ -476,11 +476,19 @@ def agree_before_split(record: Optional[Record], group: str) -> None:
     if len(set(proving)) > 1:
         raise ValueError(f"parallelize: the ranks of group {group!r} disagree about proving the split (by group "
                          f"rank: {proving}): pass the same probe= on every rank")
-    digests = [t[1].item() for t in everyone]
-    if record is not None and max(digests) - min(digests) > 1e-9 * max(abs(d) for d in digests):
-        raise ValueError(f"parallelize: the ranks of group {group!r} hold different models: their whole models "
-                         f"give different outputs on the probe batch (sums of squares by group rank: "
-                         f"{['%.6g' % d for d in digests]}). Build the model under the same seed "
+    if record is not None:
+        refuse_different_models(group, [t[1].item() for t in everyone],
+                                "their whole models give different outputs on the probe batch",
+                                "sums of squares by group rank")
+
+
+def refuse_different_models(group: str, values: List[float], differ: str, measure: str, floor: float = 0.0) -> None:
+    """Raises on every rank (each passes the same ``values``, one per group rank) where the ranks' values
+    differ by more than 1e-9 of the largest (or of ``floor``): ranks whose models differ would split
+    weights that are not one model's."""
+    if max(values) - min(values) > 1e-9 * max(floor, max(abs(v) for v in values)):
+        raise ValueError(f"parallelize: the ranks of group {group!r} hold different models: {differ} ({measure}: "
+                         f"{['%.6g' % v for v in values]}). Build the model under the same seed "
                          f"(torch.manual_seed) or load the same checkpoint on every rank.")
 
 

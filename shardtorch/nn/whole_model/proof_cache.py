@@ -35,6 +35,7 @@ from torch import nn
 from ...distributed import collectives
 from ...distributed import state
 from .model_identity import model_digest
+from .proof import refuse_different_models
 
 _versions: Optional[bytes] = None
 
@@ -64,7 +65,7 @@ def _package_files() -> List[str]:
 
 
 def versions() -> bytes:
-    """Python's, torch's, transformers', peft's and shardtorch's (its files), once per process."""
+    """Python's, torch's, transformers', peft's, timm's and shardtorch's (its files), once per process."""
     global _versions
     if _versions is None:
         text = [sys.version, torch.__version__]
@@ -188,12 +189,8 @@ def agree(digest: Optional[str], found: bool, model: nn.Module, group: str) -> b
     collectives.all_gather(everyone, mine, group=state.get_group(group))
     if not all(t[0].item() == 1.0 and t[1].item() == mine[1].item() for t in everyone):
         return False
-    samples = [t[2].item() for t in everyone]
-    if max(samples) - min(samples) > 1e-9 * max(1.0, max(abs(s) for s in samples)):
-        raise ValueError(f"parallelize: the ranks of group {group!r} hold different models: their parameters "
-                         f"differ (a sample of every parameter's values, by group rank: "
-                         f"{['%.6g' % s for s in samples]}). Build the model under the same seed "
-                         f"(torch.manual_seed) or load the same checkpoint on every rank.")
+    refuse_different_models(group, [t[2].item() for t in everyone], "their parameters differ",
+                            "a sample of every parameter's values, by group rank", floor=1.0)
     return True
 
 
