@@ -2,8 +2,10 @@
 once is not run on the probe batch again, and still gives the unsharded numbers; a change to what
 the model computes (a helper patched to mix heads, one instance's forward) is proven again and
 refused; ranks that do not all have the proof all prove; ranks holding different weights are still
-refused; SHARDTORCH_PROOF_CACHE=0 proves every time; a model on the meta device skips its miniature."""
+refused; SHARDTORCH_PROOF_CACHE=0 proves every time; a model on the meta device skips its miniature; a
+kept proof's plan is read again instead of resolved, and resolved anew where it no longer fits."""
 import contextlib
+import json
 import os
 import shutil
 import tempfile
@@ -165,3 +167,59 @@ def case_a_model_on_the_meta_device_skips_its_miniature_once_proven():
                 ts.nn.from_config(cls, config, dtype=F64)
             assert not [w for w in caught if "not proven" in str(w.message)], [str(w.message) for w in caught]
         assert probes[0] == 2, f"{probes[0]} probes for two from_config: the miniature was proven twice"
+
+
+@contextlib.contextmanager
+def _resolves_counted():
+    """How many times parallelize resolves a plan (apply.resolve: not when a kept plan is read again)."""
+    from shardtorch.nn.whole_model import apply
+    count = [0]
+    original = apply.resolve
+
+    def counted(*args, **kwargs):
+        count[0] += 1
+        return original(*args, **kwargs)
+    apply.resolve = counted
+    try:
+        yield count
+    finally:
+        apply.resolve = original
+
+
+def _shards(model):
+    return {name: tuple(p.shape) for name, p in model.named_parameters()}
+
+
+def case_a_kept_proof_keeps_its_plan():
+    """The next parallelize reads the plan the proof kept again instead of resolving it, and splits the same
+    modules the same way, exactly; a kept plan that no longer fits the model (its layout named otherwise in
+    the file) is resolved and proven anew on every rank; a plan given as a dict is proven on its own."""
+    from shardtorch.nn.whole_model import proof_cache
+    ids = _ids()
+    whole = _logits(_built(models.llama).eval(), ids)
+    with _cache() as folder, _probes_counted() as probes, _resolves_counted() as resolves:
+        first = ts.nn.parallelize(_built(models.llama))
+        second = ts.nn.parallelize(_built(models.llama))
+        assert (resolves[0], probes[0]) == (1, 2), f"resolved {resolves[0]} times, {probes[0]} probes"
+        assert _shards(second) == _shards(first) != _shards(_built(models.llama))
+        assert_close(_logits(second.eval(), ids), whole, F64, "Llama, plan kept")
+        dist.barrier()
+        if dist.get_rank() == 0:
+            for top, _, files in os.walk(folder):
+                for name in files:
+                    path = os.path.join(top, name)
+                    with open(path) as f:
+                        entry = json.load(f)
+                    entry["placements"] = [p[:2] + ["NoSuchLayout"] + p[3:] if p[2] else p for p in entry["placements"]]
+                    with open(path, "w") as f:
+                        json.dump(entry, f)
+        dist.barrier()
+        proof_cache._known.clear()  # this process's parsed entries: read the edited files
+        third = ts.nn.parallelize(_built(models.llama))
+        assert (resolves[0], probes[0]) == (2, 4), f"resolved {resolves[0]} times, {probes[0]} probes"
+        assert_close(_logits(third.eval(), ids), whole, F64, "Llama, kept plan that no longer fits")
+        plan = ts.nn.auto_plan(_built(models.llama))
+        for _ in range(2):
+            fourth = ts.nn.parallelize(_built(models.llama), plan=plan)
+        assert (resolves[0], probes[0]) == (3, 6), f"resolved {resolves[0]} times, {probes[0]} probes"
+        assert _shards(fourth) == _shards(first)

@@ -152,3 +152,13 @@ def test_a_default_argument_and_a_global_helper_change_it():
         original.__defaults__ = (1.0,)
         module._helper = original
     assert model_digest(model) == base
+
+
+def test_tying_parameters_changes_it():
+    """A head tied to the embedding after construction, with the config unchanged (tied or not, the same
+    shapes): the plan resolved for it can differ, and the kept proof keeps the plan."""
+    tied = _llama()
+    tied.lm_head.weight = tied.model.embed_tokens.weight
+    assert model_digest(tied) != model_digest(_llama())
+    x = torch.randint(0, 97, (1, 5))
+    assert not torch.equal(tied(input_ids=x).logits, _llama()(input_ids=x).logits)

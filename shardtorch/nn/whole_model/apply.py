@@ -17,7 +17,8 @@ from .layers import (ColumnProjection, ReplicatedKeyValue, RowProjection, Shared
 from .left_whole import WARNED, describe, left_whole
 from .loss import install_loss
 from .norms import gradients_summed_by_a_hook
-from .plan import Placement, resolve
+from .plan import Placement, read_again, resolve
+from .declared_plan import declared_plan
 from .report import parameter_bytes, print_report
 from .hf_methods import parallel_hf_methods
 from .input_agreement import check_inputs_at_first_training_forward
@@ -66,8 +67,9 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
             in a way the layouts do not expect is then split silently wrong.
             A model on the meta device (from_pretrained, from_config) is
             proven on a miniature of its class instead (miniature.py), before
-            it is split. A passed proof is kept on the machine and the next
-            parallelize of the same model checks its key instead
+            it is split. A passed proof is kept on the machine, with the plan
+            it proved, and the next parallelize of the same model checks its
+            key instead and reads that plan again rather than resolving it
             (proof_cache.py; SHARDTORCH_PROOF_CACHE=0 proves every time).
         probe: the probe batch, ``(args, kwargs)`` or a kwargs dict, for a
             model whose inputs parallelize cannot tell (token ids for a
@@ -85,10 +87,11 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
     A peft ``PeftModel`` is split through its base model (the plan names the
     base model's modules), its LoRA adapters split to match their projections
     (lora.py). The model's own forward runs unchanged: each attention's head-count
-    attributes are set to its local heads. A bad plan, or options that differ between the
+    attributes are set to its local heads. Options that differ between the
     ranks of the group (``plan``, ``sequence_parallel``, ``verbose``,
-    ``logits``, ``verify``: checked by one small all-gather, each rank's value named),
-    raise ValueError on every rank before any other collective. A Hugging Face LM called with
+    ``logits``, ``verify``: checked by one small all-gather, each rank's value named)
+    raise ValueError on every rank before any other collective; a bad plan, on every
+    rank before anything is split. A Hugging Face LM called with
     ``labels=`` then computes its declared loss (causal, masked, or
     encoder-decoder) from the shards (loss.py), and returns the logits whole
     (``logits``). Attention, MLPs, experts and a vocabulary left whole are
@@ -111,17 +114,19 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
     if base is not None:
         route_save_pretrained(given)  # peft's own would write each rank's slices
     size, rank = state.get_group_size(group), state.get_group_rank(group)
-    # peft's adapter layers are lifted off their projections while the plan is read and applied (the
-    # layouts know projections), and put back around the whole model the proof first runs.
-    lifted = lift_lora(model)
-    try:
-        placements = resolve(model, plan, size, sequence_parallel)
-        refuse_adapters_that_cannot_follow(lifted, placements)
-    finally:
-        put_back(lifted)
-    blocks = _sequence_parallel_blocks(model, placements) if sequence_parallel else []
     on_meta = any(p.is_meta for p in model.parameters())
-    remembered = _proven_before(model, placements, verify, probe, on_meta, sequence_parallel, logits, group)
+    remembered, placements = _proven_before(model, plan, verify, probe, on_meta, size, sequence_parallel, logits,
+                                            group)
+    if placements is None:
+        # peft's adapter layers are lifted off their projections while the plan is read and applied (the
+        # layouts know projections), and put back around the whole model the proof first runs.
+        lifted = lift_lora(model)
+        try:
+            placements = resolve(model, plan, size, sequence_parallel)
+            refuse_adapters_that_cannot_follow(lifted, placements)
+        finally:
+            put_back(lifted)
+    blocks = _sequence_parallel_blocks(model, placements) if sequence_parallel else []
     if remembered is True:
         proving = None
     else:
@@ -133,7 +138,7 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
                 warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
             if proven and remembered is not None:
                 proof_cache.remember(remembered, [str(w.message) for w in said
-                                                  if str(w.message).startswith("parallelize:")], model)
+                                                  if str(w.message).startswith("parallelize:")], model, placements)
         proving = _probe_before_split(model, placements, verify, probe, sequence_parallel, group)
     whole_bytes = parameter_bytes(model)
     modules = dict(model.named_modules())
@@ -191,7 +196,7 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
     if proving is not None:
         _prove_after_split(model, placements, proving, group, sequence_parallel)
         if isinstance(remembered, str):
-            proof_cache.remember(remembered, [], model)
+            proof_cache.remember(remembered, [], model, placements)
     # After the proof, whose training forwards would use up the one-time check.
     check_inputs_at_first_training_forward(model, group)
     whole = left_whole(model)
@@ -206,22 +211,35 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
     return given
 
 
-def _proven_before(model, placements, verify, probe, on_meta, sequence_parallel, logits, group):
-    """True when every rank has proven this split before (proof_cache.py; its warnings said again); else
-    the key to keep the proof under once it passes, or None when there is nothing to prove by it (verify
-    off, a probe of the caller's)."""
+def _proven_before(model, plan, verify, probe, on_meta, size, sequence_parallel, logits, group):
+    """(True, the placements kept) when every rank has proven this split before (proof_cache.py; its
+    warnings said again); else (the key to keep the proof under once it passes, or None when there is
+    nothing to prove by it: verify off, a probe of the caller's; None). Every rank joins the agreement
+    when verify is on, whatever its key."""
     if verify is not True or probe is not None:
-        return None
+        return None, None
+    parameters = []
     try:
-        digest = proof_cache.key(model, placements, "miniature" if on_meta else "whole",
-                                 {"sequence_parallel": sequence_parallel, "logits": logits}, group)
+        digest = proof_cache.key(model, plan, declared_plan(model), "miniature" if on_meta else "whole",
+                                 {"sequence_parallel": sequence_parallel, "logits": logits}, group, parameters)
     except Exception:  # noqa: BLE001 - a model the key cannot describe is proven every time, never refused
         digest = None
-    said = proof_cache.proven(digest) if digest is not None else None
-    if proof_cache.agree(digest, said is not None, model, group):
-        proof_cache.say_again(said)
-        return True
-    return digest
+    found = proof_cache.proven(digest) if digest is not None else None
+    placements = None
+    if found is not None:
+        lifted = lift_lora(model)  # the layouts read projections, as when the plan was resolved
+        try:
+            placements = read_again(model, found[1], size, sequence_parallel)
+            if placements is not None:
+                refuse_adapters_that_cannot_follow(lifted, placements)
+        except Exception:  # noqa: BLE001 - a kept plan that no longer applies: resolved and proven anew
+            placements = None
+        finally:
+            put_back(lifted)
+    if proof_cache.agree(digest, None if placements is None else found[1], parameters, group):
+        proof_cache.say_again(found[0])
+        return True, placements
+    return digest, None
 
 
 def _probe_before_split(model, placements, verify, probe, sequence_parallel, group):

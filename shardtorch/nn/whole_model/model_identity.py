@@ -9,14 +9,16 @@ Attributes count by value where they are simple (a head count, a flag, a tuple o
 and attributes otherwise; small buffers (rotary frequencies, masks) by their contents too.
 """
 import hashlib
+from typing import Optional
 
 from torch import nn
 
 from ...utils.code_identity import Description, reachable_code_digest
 
 
-def model_digest(model: nn.Module) -> bytes:
-    """The digest of what ``model`` computes (module docstring)."""
+def model_digest(model: nn.Module, parameters: Optional[list] = None) -> bytes:
+    """The digest of what ``model`` computes (module docstring); ``parameters``, a list, receives every
+    parameter described, once each."""
     description = Description()
     for name, module in model.named_modules(remove_duplicate=False):
         if id(module) not in description.seen:
@@ -32,4 +34,6 @@ def model_digest(model: nn.Module) -> bytes:
         description.hooks(getattr(torch_module, key, None), 0)
     digest = hashlib.sha256("\0".join(description.parts).encode())
     digest.update(reachable_code_digest(description.starts))
+    if parameters is not None:
+        parameters.extend(p for _, p in description.parameters.values())
     return digest.digest()

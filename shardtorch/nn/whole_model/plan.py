@@ -2,7 +2,8 @@
 pass back. ``auto_plan`` discovers it; ``resolve`` reads each entry's module
 once, finding its layout (a Placement keeps it for ``parallelize`` to apply),
 and refuses a bad plan with the same error on every rank (it reads only the
-model, identical everywhere, and runs before any collective)."""
+model, identical everywhere, and runs before anything is split). ``read_again``
+rebuilds the placements a kept proof recorded (proof_cache.py)."""
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Union
 
@@ -10,7 +11,7 @@ from torch import nn
 
 from .declared_plan import declared_styles
 from .layers import is_projection, projection_sizes
-from .layouts import KINDS, find_layout
+from .layouts import ATTENTION_LAYOUTS, EXPERT_LAYOUTS, KINDS, MLP_LAYOUTS, find_layout
 from .layouts.base import Fit, Layout
 from .layouts.families import WHOLE_ATTENTION_CLASSES
 from .lora import lift_lora, peft_base_model, put_back
@@ -93,6 +94,30 @@ def resolve(model: nn.Module, plan: Union[str, Dict[str, str]], size: int,
         raise ValueError("parallelize: the plan cannot be applied: " + "; ".join(problems))
     order = {name: i for i, name in enumerate(dict(model.named_modules()))}
     return sorted(placements, key=lambda p: order[p.name])
+
+
+def read_again(model: nn.Module, kept: list, size: int, sequence_parallel: bool) -> Optional[List[Placement]]:
+    """The placements a kept proof recorded ((name, style, layout class, variant, unit, declared), in model
+    order: proof_cache.placements_kept), read again on ``model``: each layout's fit taken anew. None where
+    one no longer names a module, fits or applies (the plan is then resolved)."""
+    modules = dict(model.named_modules())
+    layouts = {type(layout).__name__: layout for layout in ATTENTION_LAYOUTS + MLP_LAYOUTS + EXPERT_LAYOUTS}
+    placements = []
+    for name, style, layout_name, variant, unit, declared in kept:
+        module = modules.get(name)
+        if module is None or style not in STYLES:
+            return None
+        layout = fit = None
+        if layout_name:
+            layout = layouts.get(layout_name)
+            fit = layout.fit(module) if layout is not None and layout.kind == style else None
+            if fit is None or repr(getattr(fit, "variant", None)) != variant:
+                return None
+        placement = Placement(name, style, module, layout, fit, unit, declared)
+        if _refusal(placement, size, sequence_parallel) is not None:
+            return None
+        placements.append(placement)
+    return placements
 
 
 def _read(model: nn.Module, plan: Dict[str, str]) -> list:

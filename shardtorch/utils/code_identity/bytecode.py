@@ -151,6 +151,27 @@ def class_attribute(cls: type, name: str):
     return None
 
 
+_methods: Dict[Tuple[type, str], tuple] = {}
+
+
+def method_of(cls: type, name: str) -> tuple:
+    """``class_attribute(cls, name)`` and the function behind it (or None), kept per class and name while
+    what ``cls``'s instances find under ``name`` is the same object (a patch anywhere in the MRO changes it;
+    a getattr answering a fresh object each time, a class method's, is looked up each time)."""
+    try:
+        seen = getattr(cls, name, None)
+    except Exception:  # noqa: BLE001 - a class whose lookups raise (a missing backend's placeholder)
+        definition = class_attribute(cls, name)
+        return definition, as_function(definition)
+    kept = _methods.get((cls, name))
+    if kept is not None and kept[0] is seen:
+        return kept[1], kept[2]
+    definition = class_attribute(cls, name)
+    found = as_function(definition)
+    _methods[(cls, name)] = (seen, definition, found)
+    return definition, found
+
+
 def _mro(cls: type) -> List[type]:
     return [k for k in cls.__mro__ if k is not nn.Module and k is not object]
 

@@ -10,8 +10,11 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
-from .bytecode import PROVENANCE, _BUILTIN, _CONSTRUCTORS, _DEPTH, _HOOKS, _MODULE_SKIPPED, _REGISTRY_LIMIT, _SIMPLE, _SMALL, _constant, _named, as_function, class_attribute, own_methods
+from .bytecode import PROVENANCE, _BUILTIN, _CONSTRUCTORS, _DEPTH, _HOOKS, _MODULE_SKIPPED, _REGISTRY_LIMIT, _SIMPLE, _SMALL, _constant, _named, as_function, method_of, own_methods
 from .files import _installed_class, _library_class
+
+
+_DEVICE_TYPES: Dict[torch.device, str] = {}
 
 
 class Description:
@@ -25,6 +28,7 @@ class Description:
         self.parts: List[str] = []
         self.starts: List[Tuple[types.FunctionType, Optional[type]]] = []
         self.seen: Dict[int, tuple] = {}  # id -> (number, the value itself)
+        self.parameters: Dict[int, tuple] = {}  # id -> (number, the parameter), in the order described
         self.classes = set()
 
     def text(self, value: str) -> None:
@@ -85,21 +89,44 @@ class Description:
             self.value((value.func, value.args, value.keywords), depth + 1)
         elif issubclass(kind, (list, tuple)):
             self.parts.append(f"{_named(kind)}[{len(value)}]")
+            simple = []  # runs of simple items, each run in one repr
             for item in value:
+                if type(item) in _SIMPLE:
+                    simple.append(item)
+                    continue
+                self.simple_run(simple)
                 self.value(item, depth + 1)
+            self.simple_run(simple)
         elif issubclass(kind, dict):
             self.parts.append(f"{_named(kind)}{{{len(value)}}}")
+            simple = []
             for key, item in list(dict.items(value)):
                 if type(key) is str and key in PROVENANCE:
                     continue
+                if type(key) in _SIMPLE and type(item) in _SIMPLE:
+                    simple.append((key, item))
+                    continue
+                self.simple_run(simple)
                 self.value(key, depth + 1)
                 self.value(item, depth + 1, names)
+            self.simple_run(simple)
         elif issubclass(kind, (set, frozenset)):
             self.parts.append(f"{_named(kind)}" + repr(sorted(self.apart(item, depth + 1) for item in value)))
         elif issubclass(kind, Mapping):
             self.registry(value, depth)
         else:
             self.instance(value, kind, depth, names)
+
+    def simple_run(self, items: list) -> None:
+        """Consecutive simple items of a container (a config's sizes, a plan's styles) in one part; emptied."""
+        if items:
+            try:
+                self.parts.append("items " + repr(items))
+            except ValueError:  # an int past repr's 4,300 digits: item by item (hex)
+                self.parts.append("items")
+                for item in items:
+                    self.value(item, 1)
+            items.clear()
 
     def apart(self, value, depth: int) -> str:
         """``value``'s description as one string (for sorting a set's items)."""
@@ -186,8 +213,7 @@ class Description:
             for function in own_methods(cls):
                 self.follow(function, cls)
         for name in _CONSTRUCTORS + names:
-            definition = class_attribute(cls, name)
-            found = as_function(definition)
+            definition, found = method_of(cls, name)
             if found is not None:
                 self.bound(cls, name, definition)
                 self.follow(found, cls)
@@ -205,35 +231,48 @@ class Description:
         buffers' values; its children too when it is met as a value (an unregistered module), not by
         name from named_modules."""
         cls = type(module)
-        self.parts.append(f"module {name} {_named(cls)}")
-        self.module_class(cls)
+        parts = self.parts
+        parts.append(f"module {name} {_named(cls)}")
+        if cls not in self.classes:
+            self.module_class(cls)
         attributes = vars(module)
         simple, other = [], []
-        for key, value in attributes.items():
-            if key in _MODULE_SKIPPED:
-                continue
-            (simple if type(value) in _SIMPLE else other).append(key)
-        self.parts.append(repr(sorted((k, _constant(attributes[k]) if type(attributes[k]) is int
-                                       else repr(attributes[k])) for k in simple)))
-        for key in sorted(other):
-            self.parts.append(key)
+        for key in sorted(attributes.keys() - _MODULE_SKIPPED):  # the internals skipped in one set operation
+            value = attributes[key]
+            kind = type(value)
+            if kind in _SIMPLE:
+                simple.append((key, _constant(value) if kind is int else repr(value)))
+            else:
+                other.append(key)
+        parts.append(repr(simple))
+        for key in other:
+            parts.append(key)
             self.value(attributes[key], depth + 1)
         for key in _HOOKS:
-            self.hooks(attributes.get(key), depth)
+            hooks = attributes.get(key)
+            if hooks:
+                self.hooks(hooks, depth)
         for pname, p in module._parameters.items():
             if p is not None:
-                self.parts.append("parameter " + pname)
+                tied = self.parameters.get(id(p))
+                if tied is not None:  # the same tensor as an earlier module's (a tied head)
+                    parts.append(f"parameter {pname} tied {tied[0]}")
+                    continue
+                self.parameters[id(p)] = (len(self.parameters), p)
+                parts.append("parameter " + pname)
                 self.tensor(p, contents=False)
-                self.hooks(p._backward_hooks, depth)
-                self.hooks(getattr(p, "_post_accumulate_grad_hooks", None), depth)
+                if p._backward_hooks:
+                    self.hooks(p._backward_hooks, depth)
+                if getattr(p, "_post_accumulate_grad_hooks", None):
+                    self.hooks(p._post_accumulate_grad_hooks, depth)
         for bname, b in module._buffers.items():
             if b is not None:
-                self.parts.append(f"buffer {bname} {bname in module._non_persistent_buffers_set}")
+                parts.append(f"buffer {bname} {bname in module._non_persistent_buffers_set}")
                 self.tensor(b, contents=True)
         if name is None:
             for child_name, child in module._modules.items():
                 if child is not None:
-                    self.parts.append("child " + child_name)
+                    parts.append("child " + child_name)
                     self.value(child, depth + 1)
 
     def hooks(self, hooks, depth: int) -> None:
@@ -246,7 +285,7 @@ class Description:
             return
         self.classes.add(cls)
         for attribute in ("forward", "__call__"):
-            function = as_function(class_attribute(cls, attribute))
+            function = method_of(cls, attribute)[1]
             if function is not None:
                 self.follow(function, cls)
         if not _library_class(cls) and not _installed_class(cls):  # a script's, a notebook's, a checkout's
@@ -257,8 +296,9 @@ class Description:
         if tensor.is_nested:  # no sizes to read
             self.parts.append(f"nested tensor {tensor.dtype} {tensor.device.type} {tensor.dim()}")
             return
-        self.parts.append(f"tensor {tuple(tensor.shape)} {tensor.dtype} {tensor.device.type} {tensor.layout} "
-                          f"{tensor.requires_grad}")
+        device = tensor.device
+        device = _DEVICE_TYPES.get(device) or _DEVICE_TYPES.setdefault(device, device.type)  # not its index
+        self.parts.append(f"tensor {tensor.shape} {tensor.dtype} {device} {tensor.layout} {tensor.requires_grad}")
         kind = type(tensor)
         if kind is not torch.Tensor and kind is not nn.Parameter:  # a subclass (torchao's quantized weights)
             self.parts.append("subclass " + _named(kind))

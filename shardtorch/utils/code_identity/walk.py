@@ -2,6 +2,8 @@
 every binding it read still holds."""
 import functools
 import hashlib
+import itertools
+import operator
 import sys
 import types
 from collections.abc import Mapping
@@ -53,6 +55,19 @@ def _snapshot(value, depth: int = 0):
         return object()
 
 
+def _unchanging(value, depth: int = 0) -> bool:
+    """Whether ``value``'s snapshot can never change: a simple value, or a tuple or frozenset of simple
+    values, functions, classes and modules (which snapshot by identity, and a tuple holds them)."""
+    kind = type(value)
+    if kind in _SIMPLE:
+        return True
+    if depth == 0 or not (kind is types.FunctionType or kind is type or kind is types.ModuleType):
+        if kind is not tuple and kind is not frozenset or depth > 3:
+            return False
+        return all(_unchanging(item, depth + 1) for item in value)
+    return True
+
+
 class _Walk(Description):
     """One walk over the code reachable from its starts: the digest, and the bindings it read."""
 
@@ -71,7 +86,7 @@ class _Walk(Description):
         self.stack.append((function, owner))
 
     def checked(self, value) -> None:
-        if type(value) not in _SIMPLE:
+        if not _unchanging(value):
             self.checks.append(("value", value, _snapshot(value)))
 
     def bound(self, cls: type, name: str, definition) -> None:
@@ -273,14 +288,26 @@ class _Checks:
     """A walk's bindings by kind, each kind checked in one pass."""
 
     def __init__(self, checks: List[tuple]):
-        self.gets = [(c[1], c[2], c[3]) for c in checks if c[0] == "get"]
+        gets, seen = [], set()
+        for c in checks:
+            if c[0] == "get" and (id(c[1]), c[2], id(c[3])) not in seen:  # each binding once
+                seen.add((id(c[1]), c[2], id(c[3])))
+                gets.append((c[1], c[2], c[3]))
+        # A plain dict's bindings (a module's globals) are looked up by dict.get in C, in one map.
+        plain = [g for g in gets if type(g[0]) is dict]
+        self.dict_spaces = [g[0] for g in plain]
+        self.dict_names = [g[1] for g in plain]
+        self.dict_found = [g[2] for g in plain]
+        self.gets = [g for g in gets if type(g[0]) is not dict]
         self.classes = [(c[1], c[2], c[3]) for c in checks if c[0] == "class"]
         self.code = [(c[1], c[2]) for c in checks if c[0] == "code"]
         self.cells = [(c[1], c[3]) for c in checks if c[0] == "cell"]
         self.values = [(c[1], c[2]) for c in checks if c[0] == "value"]
 
     def hold(self) -> bool:
-        return (all(space.get(name, _ABSENT) is found for space, name, found in self.gets)
+        return (all(map(operator.is_, map(dict.get, self.dict_spaces, self.dict_names, itertools.repeat(_ABSENT)),
+                        self.dict_found))
+                and all(space.get(name, _ABSENT) is found for space, name, found in self.gets)
                 and all(class_attribute(cls, name) is found for cls, name, found in self.classes)
                 and all((f.__code__, f.__defaults__, f.__kwdefaults__) == found for f, found in self.code)
                 and all(_cell(cell) is found for cell, found in self.cells)
