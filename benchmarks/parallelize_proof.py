@@ -9,12 +9,14 @@ Models: the zoo's tiny architectures (tests/distributed/zoo_models.py, float64, 
 48-64: parallelize itself takes milliseconds there, so the proof's fixed cost shows most) and the
 GPT-2 of benchmarks/transformer.py (6 layers, width 512, vocabulary 32,000, float32). Each timing
 builds the model under the same seed (not timed) and times parallelize alone; median of --repeats,
-the slowest rank's; the order of the three ways rotates each round. "key": the median time rank 0 spends
-checking the kept proof's key inside parallelize (timed around that step: the split's own time varies
-more between calls than the key costs); "agree": the median time of the all-gather that verify=False
-runs in the key's place (the ranks agreeing on proving), so that "net" is what the key adds. The proofs are kept in a fresh
-folder (the warm-up round fills it). Peak memory: the largest tensor memory parallelize allocates beyond what
-existed before it (shardtorch.utils.memory.PeakMemory), the largest over ranks.
+the slowest rank's; the order of the three ways rotates each round. A kept proof also keeps the plan it
+proved, read again on the model instead of resolved: "key" is the median time rank 0 spends computing
+the key (describing the model, checking its code), "again" reading the kept plan again, "agree" the
+all-gather in which the ranks agree on the kept proof, all inside parallelize with the proof kept;
+"resolve" the median time verify=False spends resolving the plan, and "agree (off)" its all-gather on
+proving. The proofs are kept in a fresh folder (the warm-up round fills it). Peak memory: the largest
+tensor memory parallelize allocates beyond what existed before it (shardtorch.utils.memory.PeakMemory),
+the largest over ranks.
 """
 import argparse
 import json
@@ -49,15 +51,16 @@ def _rank_main(args):
     from shardtorch.utils.memory import PeakMemory
     ts.distributed.init_process_group(group_size=args.world_size)
     ways = {"verify=False": dict(verify=False), "proving": dict(), "proof kept": dict()}
-    from shardtorch.nn.whole_model import apply
+    from shardtorch.nn.whole_model import apply, proof, proof_cache
     from benchmarks.common import time_spent_in
-    spent = time_spent_in(apply, "_proven_before")  # checking the key (its own timing: the split's varies more)
-    from shardtorch.nn.whole_model import proof
-    agreeing = time_spent_in(proof, "agree_before_split")  # the all-gather verify=False runs in its place
+    steps = {"key": time_spent_in(proof_cache, "key"), "again": time_spent_in(apply, "read_again"),
+             "agree": time_spent_in(proof_cache, "agree"), "resolve": time_spent_in(apply, "resolve"),
+             "agree (off)": time_spent_in(proof, "agree_before_split")}
+    kept_steps, off_steps = ("key", "again", "agree"), ("resolve", "agree (off)")
     results = {}
     for name, build in _models().items():
         times = {way: [] for way in ways}
-        keys, agreements = [], []
+        spent = {step: [] for step in steps}
         peaks = {way: 0 for way in ways}
         for round_ in range(args.repeats + 1):  # the first round warms up (and keeps the proof)
             order = list(ways.items())
@@ -68,7 +71,8 @@ def _rank_main(args):
                     warnings.simplefilter("ignore")
                     model = build()
                 dist.barrier()
-                spent[0] = agreeing[0] = 0.0
+                for step in steps.values():
+                    step[0] = 0.0
                 with PeakMemory() as peak:
                     start = time.perf_counter()
                     ts.nn.parallelize(model, **options)
@@ -78,16 +82,13 @@ def _rank_main(args):
                 times[way].append(slowest[0].item())
                 if round_ > 0:
                     peaks[way] = max(peaks[way], int(slowest[1].item()))
-                    if way == "proof kept":
-                        keys.append(spent[0])
-                    elif way == "verify=False":
-                        agreements.append(agreeing[0])
+                    for step in kept_steps if way == "proof kept" else off_steps if way == "verify=False" else ():
+                        spent[step].append(steps[step][0])
                 del model
         results[name] = {"parallelize_s": statistics.median(times["verify=False"][1:]),
                          "with_proof_s": statistics.median(times["proving"][1:]),
                          "proof_kept_s": statistics.median(times["proof kept"][1:]),
-                         "key_s": statistics.median(keys),
-                         "agreement_s": statistics.median(agreements),
+                         **{f"{step}_s": statistics.median(values) for step, values in spent.items()},
                          "peak_mib": peaks["verify=False"] / 2**20, "peak_with_proof_mib": peaks["proving"] / 2**20,
                          "peak_proof_kept_mib": peaks["proof kept"] / 2**20}
     if dist.get_rank() == 0:
@@ -115,13 +116,14 @@ def main():
     from benchmarks.common import cpu_name
     print(f"CPU: {cpu_name()}; {args.world_size} ranks; milliseconds, the slowest rank's median")
     print(f"{'model':<14} {'verify=False':>12} {'proving':>9} {'ratio':>6} {'proof kept':>11} {'ratio':>6} "
-          f"{'key':>6} {'agree':>6} {'net/split':>9} {'peak MiB':>9} {'proving':>8} {'kept':>6}")
+          f"{'key':>6} {'again':>6} {'agree':>6} {'resolve':>8} {'agree(off)':>10} {'peak MiB':>9} {'proving':>8} "
+          f"{'kept':>6}")
     for name, r in results.items():
         base = r["parallelize_s"]
         print(f"{name:<14} {base * 1e3:>12.2f} {r['with_proof_s'] * 1e3:>9.2f} {r['with_proof_s'] / base:>6.2f} "
               f"{r['proof_kept_s'] * 1e3:>11.2f} {r['proof_kept_s'] / base:>6.3f} {r['key_s'] * 1e3:>6.2f} "
-              f"{r['agreement_s'] * 1e3:>6.2f} {(r['key_s'] - r['agreement_s']) / base:>9.3f} {r['peak_mib']:>9.1f} "
-              f"{r['peak_with_proof_mib']:>8.1f} "
+              f"{r['again_s'] * 1e3:>6.2f} {r['agree_s'] * 1e3:>6.2f} {r['resolve_s'] * 1e3:>8.2f} "
+              f"{r['agree (off)_s'] * 1e3:>10.2f} {r['peak_mib']:>9.1f} {r['peak_with_proof_mib']:>8.1f} "
               f"{r['peak_proof_kept_mib']:>6.1f}")
     results["cpu"] = cpu_name()
     os.makedirs(os.path.dirname(args.json), exist_ok=True)
