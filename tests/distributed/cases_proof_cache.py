@@ -3,7 +3,8 @@ once is not run on the probe batch again, and still gives the unsharded numbers;
 the model computes (a helper patched to mix heads, one instance's forward) is proven again and
 refused; ranks that do not all have the proof all prove; ranks holding different weights are still
 refused; SHARDTORCH_PROOF_CACHE=0 proves every time; a model on the meta device skips its miniature; a
-kept proof's plan is read again instead of resolved, and resolved anew where it no longer fits."""
+kept proof's plan is read again instead of resolved, and resolved anew where it no longer fits; a class
+attribute a forward reads through a held object, changed after the proof, is proven again and refused."""
 import contextlib
 import json
 import os
@@ -223,3 +224,82 @@ def case_a_kept_proof_keeps_its_plan():
             fourth = ts.nn.parallelize(_built(models.llama), plan=plan)
         assert (resolves[0], probes[0]) == (3, 6), f"resolved {resolves[0]} times, {probes[0]} probes"
         assert _shards(fourth) == _shards(first)
+
+
+class _Heads:
+    """A config object both attentions below hold; its head count is a class attribute."""
+    num_heads = 4
+
+
+class _AttentionByConfig(torch.nn.Module):
+    """Views its heads by the held config's class attribute (as Phi-3 reads config.num_attention_heads)."""
+
+    def __init__(self, config, width=16):
+        super().__init__()
+        self.config, self.head_dim = config, 4
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (torch.nn.Linear(width, width) for _ in range(4))
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        heads = self.config.num_heads
+        q, k, v = (p(x).view(b, t, heads, -1).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        return self.o_proj(torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, -1))
+
+
+class _AttentionAnsweringHeads(_AttentionByConfig):
+    """Views by its own head width; its head count, for whoever asks, is the config's: it fits a layout only
+    where that count matches its width (8 x 2)."""
+
+    def __init__(self, config, width=16):
+        super().__init__(config, width)
+        self.head_dim = 8
+
+    def __getattr__(self, name):
+        if name == "num_heads":
+            return self.config.num_heads
+        return super().__getattr__(name)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = (p(x).view(b, t, -1, self.head_dim).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        return self.o_proj(torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, -1))
+
+
+class _HeldConfigModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        config = _Heads()
+        self.emb = torch.nn.Embedding(37, 16)
+        self.m, self.n = _AttentionByConfig(config), _AttentionAnsweringHeads(config)
+        self.head = torch.nn.Linear(16, 37, bias=False)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        x = x + self.m(x)
+        return self.head(x + self.n(x))
+
+
+def case_a_class_attribute_changed_after_the_proof_is_proven_again():
+    """A head count held as a class attribute of an object the modules hold, changed after the split is
+    proven and kept (4 heads, then 2): the kept proof and plan are not reused; the plan is resolved and the
+    model proven again, and refused on every rank (at 2 ranks its forward views 2 heads where the split
+    gives each rank 1; at 3, the 2 heads 'n' now answers cannot be split), never split silently wrong; put
+    back, the kept proof serves again."""
+    ids = torch.randint(0, 37, (2, 5), generator=torch.Generator().manual_seed(1))
+    with _cache(), _probes_counted() as probes:
+        model = ts.nn.parallelize(_built(_HeldConfigModel)).eval()
+        with torch.no_grad():
+            assert_close(model(ids), _built(_HeldConfigModel).eval()(ids), F64, "held config, 4 heads")
+        _Heads.num_heads = 2
+        try:
+            if dist.get_world_size() == 2:
+                expect_error(lambda: ts.nn.parallelize(_built(_HeldConfigModel)), "the split is not exact",
+                             exception=ParallelizeProofError)
+            else:  # 'n' now fits with 2 heads, which 3 ranks cannot split: the plan resolved anew says so
+                expect_error(lambda: ts.nn.parallelize(_built(_HeldConfigModel)), "2 attention heads cannot be split",
+                             exception=ValueError)
+        finally:
+            _Heads.num_heads = 4
+        before = probes[0]
+        ts.nn.parallelize(_built(_HeldConfigModel))
+        assert probes[0] == before, "the unchanged model was proven again"

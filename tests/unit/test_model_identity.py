@@ -162,3 +162,54 @@ def test_tying_parameters_changes_it():
     assert model_digest(tied) != model_digest(_llama())
     x = torch.randint(0, 97, (1, 5))
     assert not torch.equal(tied(input_ids=x).logits, _llama()(input_ids=x).logits)
+
+
+class _Documented(nn.Module):
+    num_heads = 3  # read by no method: only by a layout's fit (its head count against its width)
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.proj(x)
+
+
+class _Held:
+    scale = 2.0
+
+
+class _ReadsHeld(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.config = _Held()
+
+    def forward(self, x):
+        return x * self.config.scale
+
+
+def test_class_values_change_it():
+    """A simple value a class defines, whether or not a method names it: a module class's (what a layout
+    reads), a held object's class's (what a forward reads through it), and a class's __name__."""
+    model = _Documented()
+    base = model_digest(model)
+    _Documented.num_heads = 4
+    try:
+        assert model_digest(model) != base
+    finally:
+        _Documented.num_heads = 3
+    assert model_digest(model) == base
+    held = _ReadsHeld()
+    base, before = model_digest(held), held(torch.ones(2))
+    _Held.scale = 3.0
+    try:
+        assert not torch.equal(held(torch.ones(2)), before)
+        assert model_digest(held) != base
+    finally:
+        _Held.scale = 2.0
+    _Documented.__name__ = "Conv1D"  # what type(m).__name__ class tests read
+    try:
+        changed = model_digest(_Documented())
+    finally:
+        _Documented.__name__ = "_Documented"
+    assert changed != model_digest(_Documented())

@@ -15,6 +15,14 @@ from .files import _installed_class, _library_class
 
 
 _DEVICE_TYPES: Dict[torch.device, str] = {}
+_SIMPLE_CONTAINERS = frozenset({tuple, list, frozenset, set, dict})
+
+
+def _simple_items(value) -> bool:
+    """A container of simple values only (a class's list of names, its dict of styles)."""
+    if type(value) is dict:
+        return all(type(k) in _SIMPLE and type(v) in _SIMPLE for k, v in list(value.items()))
+    return all(type(v) in _SIMPLE for v in list(value))
 
 
 class Description:
@@ -29,6 +37,7 @@ class Description:
         self.starts: List[Tuple[types.FunctionType, Optional[type]]] = []
         self.seen: Dict[int, tuple] = {}  # id -> (number, the value itself)
         self.parameters: Dict[int, tuple] = {}  # id -> (number, the parameter), in the order described
+        self.valued = set()  # classes whose simple values are described
         self.classes = set()
 
     def text(self, value: str) -> None:
@@ -208,6 +217,7 @@ class Description:
         with ``own``, every method of its own file too (an object a module holds: self.layout.split())."""
         if _library_class(cls):
             return
+        self.class_values(cls)
         if own and cls not in self.classes and not _installed_class(cls):
             self.classes.add(cls)
             for function in own_methods(cls):
@@ -284,6 +294,7 @@ class Description:
         if cls in self.classes:
             return
         self.classes.add(cls)
+        self.class_values(cls)
         for attribute in ("forward", "__call__"):
             function = method_of(cls, attribute)[1]
             if function is not None:
@@ -291,6 +302,28 @@ class Description:
         if not _library_class(cls) and not _installed_class(cls):  # a script's, a notebook's, a checkout's
             for function in own_methods(cls):
                 self.follow(function, cls)
+
+    def class_values(self, cls: type) -> None:
+        """The simple values ``cls`` and its classes define (head counts, flags, names: what a layout or a
+        forward may read through an instance, ``self.num_heads``, ``config.num_heads``), and its name as
+        ``type(m).__name__`` gives it; torch's and Python's classes left out. Each class once."""
+        if cls.__name__ != cls.__qualname__.rpartition(".")[2]:
+            self.parts.append("named " + cls.__name__)
+        for klass in cls.__mro__:
+            if klass in self.valued or _library_class(klass):
+                continue
+            self.valued.add(klass)
+            values = []
+            for name, value in list(vars(klass).items()):
+                kind = type(value)
+                if kind in _SIMPLE or (kind in _SIMPLE_CONTAINERS and _simple_items(value)):
+                    if not name.startswith("__"):
+                        values.append((name, value))
+            if values:
+                try:
+                    self.parts.append(f"class values {_named(klass)} {values!r}")
+                except ValueError:  # an int past repr's 4,300 digits
+                    self.parts.append(f"class values {_named(klass)} {[(n, _constant(v)) for n, v in values]!r}")
 
     def tensor(self, tensor: torch.Tensor, contents: bool) -> None:
         if tensor.is_nested:  # no sizes to read

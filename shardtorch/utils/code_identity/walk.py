@@ -92,6 +92,10 @@ class _Walk(Description):
     def bound(self, cls: type, name: str, definition) -> None:
         self.checks.append(("class", cls, name, definition))
 
+    def class_values(self, cls: type) -> None:
+        """Not part of the walk (reused while its bindings hold): the model's description reads them each
+        time."""
+
     def run(self, starts: Iterable[Tuple[types.FunctionType, Optional[type]]]) -> bytes:
         self.stack.extend(reversed(list(starts)))
         while self.stack:
