@@ -213,3 +213,22 @@ def test_class_values_change_it():
     finally:
         _Documented.__name__ = "_Documented"
     assert changed != model_digest(_Documented())
+
+
+def test_class_sets_the_same_in_every_process():
+    """A class's set of names (in an order string hashing decides) gives one digest in every process."""
+    script = ("import sys; sys.path.insert(0, %r); from torch import nn\n"
+              "class M(nn.Module):\n"
+              "    names = frozenset({'alpha', 'beta', 'gamma', 'delta', 'eps'})\n"
+              "    other = {'x', 'y', 'z', 'w'}\n"
+              "    def forward(self, x):\n"
+              "        return x\n"
+              "from shardtorch.nn.whole_model.model_identity import model_digest\n"
+              "print(model_digest(M()).hex())" % REPO)
+    digests = set()
+    for seed in ("1", "2", "3"):
+        env = dict(os.environ, PYTHONHASHSEED=seed, PYTHONPATH=REPO)
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        digests.add(out.stdout.strip().splitlines()[-1])
+    assert len(digests) == 1, digests

@@ -317,8 +317,8 @@ class Description:
             for name, value in list(vars(klass).items()):
                 kind = type(value)
                 if kind in _SIMPLE or (kind in _SIMPLE_CONTAINERS and _simple_items(value)):
-                    if not name.startswith("__"):
-                        values.append((name, value))
+                    if not name.startswith("__"):  # a set in an order string hashing does not decide
+                        values.append((name, sorted(map(repr, value)) if kind is set or kind is frozenset else value))
             if values:
                 try:
                     self.parts.append(f"class values {_named(klass)} {values!r}")
