@@ -1,7 +1,8 @@
 """What a model computes, as a digest: its modules (each one's class, attributes, parameters' and
 buffers' shapes and dtypes, which parameters are one tensor, hooks), its config, the simple values the
 classes of its modules and of the objects they hold define (what a layout or a forward may read through
-an instance, named by the code or not), and the Python code its modules' classes reach
+an instance, named by the code or not; an installed package's classes by their file's stamp), and the
+Python code its modules' classes reach
 (utils/code_identity/: forward, __call__, the methods of their own files, and what those reach by
 name). The proof's cache (proof_cache.py) keys a proven split by it, with the plan and the options;
 the weights' values are not part of it (the proof checks how the split reads weights, which does not

@@ -6,7 +6,7 @@ import site
 import sys
 import sysconfig
 import types
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 
@@ -67,11 +67,17 @@ def installed_file(filename: str) -> bool:
             or "dist-packages" in filename)
 
 
+def _class_file(cls: type) -> Optional[str]:
+    """The file of ``cls``'s module, or None (a notebook's, a module without a file)."""
+    file = getattr(sys.modules.get(getattr(cls, "__module__", None) or ""), "__file__", None)
+    return file if isinstance(file, str) else None
+
+
 def _installed_class(cls: type) -> bool:
     """A class of an installed package (transformers, peft): its methods other than forward and __call__
     are followed where code names them, not all of them (a PeftModel's hundreds)."""
-    file = getattr(sys.modules.get(getattr(cls, "__module__", None) or ""), "__file__", None)
-    return isinstance(file, str) and installed_file(file)
+    file = _class_file(cls)
+    return file is not None and installed_file(file)
 
 
 _stamps: Dict[str, str] = {}

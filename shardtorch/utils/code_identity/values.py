@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from .bytecode import PROVENANCE, _BUILTIN, _CONSTRUCTORS, _DEPTH, _HOOKS, _MODULE_SKIPPED, _REGISTRY_LIMIT, _SIMPLE, _SMALL, _constant, _named, as_function, method_of, own_methods
-from .files import _installed_class, _library_class
+from .files import _class_file, _file_stamp, _installed_class, _library_class, installed_file
 
 
 _DEVICE_TYPES: Dict[torch.device, str] = {}
@@ -305,14 +305,20 @@ class Description:
 
     def class_values(self, cls: type) -> None:
         """The simple values ``cls`` and its classes define (head counts, flags, names: what a layout or a
-        forward may read through an instance, ``self.num_heads``, ``config.num_heads``), and its name as
-        ``type(m).__name__`` gives it; torch's and Python's classes left out. Each class once."""
+        forward may read through an instance, ``self.num_heads``, ``config.num_heads``), whether or not
+        code names them, and its name as ``type(m).__name__`` gives it. Torch's and Python's classes are
+        left out; an installed package's count by their file's stamp (an edit; its hundreds of attributes
+        are not read each time). Each class once."""
         if cls.__name__ != cls.__qualname__.rpartition(".")[2]:
             self.parts.append("named " + cls.__name__)
         for klass in cls.__mro__:
             if klass in self.valued or _library_class(klass):
                 continue
             self.valued.add(klass)
+            file = _class_file(klass)
+            if file is not None and installed_file(file):
+                self.parts.append(f"class {_named(klass)} {_file_stamp(file)}")
+                continue
             values = []
             for name, value in list(vars(klass).items()):
                 kind = type(value)
