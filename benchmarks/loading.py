@@ -23,7 +23,8 @@ Per rank: resident memory after the imports and the process group (the
 baseline), the kernel's high-water mark of resident memory while loading
 (VmHWM, reset after the baseline: every byte the process touched), the bytes
 of the parameters it keeps, and the load's wall time; then the loss of one
-fixed batch, which must agree across the ways (all load the same model), and
+fixed batch, which must agree across the ways (all load the same model), its
+time (the process's first forward: where a proof ran, its warm-up is paid), and
 the resident memory after it: shardtorch and transformers both leave some
 parameters as maps of the file that are read when first touched, so the
 forward's figure shows what each holds once every weight has been used.
@@ -77,13 +78,16 @@ def rank_job(way, path):
     peak = common.status_kib("VmHWM")
     local = sum(p.to_local().nbytes if hasattr(p, "to_local") else p.nbytes for p in model.parameters())
     ids = torch.randint(0, CONFIG["vocab_size"], (2, 64), generator=torch.Generator().manual_seed(0))
+    start = time.perf_counter()
     with torch.no_grad():
         loss = float(model(input_ids=ids, labels=ids).loss)
+    forward_seconds = time.perf_counter() - start  # the process's first forward (a proof has run one before)
     used = common.status_kib("VmRSS")
     common.write_result({"way": way, "rank": dist.get_rank(), "seconds": seconds, "baseline_mib": baseline / 1024,
                          "peak_mib": peak / 1024, "peak_above_baseline_mib": (peak - baseline) / 1024,
                          "after_forward_above_baseline_mib": (used - baseline) / 1024,
-                         "local_parameter_mib": local / 2**20, "loss": loss, "proof_seconds": proof_seconds[0]})
+                         "local_parameter_mib": local / 2**20, "loss": loss, "proof_seconds": proof_seconds[0],
+                         "first_forward_seconds": forward_seconds})
     dist.destroy_process_group()
 
 
@@ -117,7 +121,8 @@ def main():
                       f"MiB (whole/N x 1.1 = {size / world * 1.1:6.0f}), peak RSS {worst['peak_mib']:7.0f} MiB, "
                       f"after a forward {worst['after_forward_above_baseline_mib']:7.0f} MiB, "
                       f"load {max(r['seconds'] for r in results):5.2f} s (proof "
-                      f"{max(r['proof_seconds'] for r in results) * 1e3:6.1f} ms), local parameters "
+                      f"{max(r['proof_seconds'] for r in results) * 1e3:6.1f} ms), then the first forward "
+                      f"{max(r['first_forward_seconds'] for r in results):5.2f} s, local parameters "
                       f"{worst['local_parameter_mib']:6.0f} MiB, loss {results[0]['loss']:.6f}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
