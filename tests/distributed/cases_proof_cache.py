@@ -48,19 +48,30 @@ def _cache(shared: bool = True, enabled: bool = True):
 
 
 @contextlib.contextmanager
-def _probes_counted():
-    """How many times a probe batch runs through a model (the whole one, then the parallel one)."""
+def _calls_counted(owner, name):
+    """How many times ``owner.<name>`` is called inside."""
     count = [0]
-    original = proof.run_probe
+    original = getattr(owner, name)
 
     def counted(*args, **kwargs):
         count[0] += 1
         return original(*args, **kwargs)
-    proof.run_probe = counted
+    setattr(owner, name, counted)
     try:
         yield count
     finally:
-        proof.run_probe = original
+        setattr(owner, name, original)
+
+
+def _probes_counted():
+    """How many times a probe batch runs through a model (the whole one, then the parallel one)."""
+    return _calls_counted(proof, "run_probe")
+
+
+def _resolves_counted():
+    """How many times parallelize resolves a plan (apply.resolve: not when a kept plan is read again)."""
+    from shardtorch.nn.whole_model import apply
+    return _calls_counted(apply, "resolve")
 
 
 def _built(build, seed=0):
@@ -168,23 +179,6 @@ def case_a_model_on_the_meta_device_skips_its_miniature_once_proven():
                 ts.nn.from_config(cls, config, dtype=F64)
             assert not [w for w in caught if "not proven" in str(w.message)], [str(w.message) for w in caught]
         assert probes[0] == 2, f"{probes[0]} probes for two from_config: the miniature was proven twice"
-
-
-@contextlib.contextmanager
-def _resolves_counted():
-    """How many times parallelize resolves a plan (apply.resolve: not when a kept plan is read again)."""
-    from shardtorch.nn.whole_model import apply
-    count = [0]
-    original = apply.resolve
-
-    def counted(*args, **kwargs):
-        count[0] += 1
-        return original(*args, **kwargs)
-    apply.resolve = counted
-    try:
-        yield count
-    finally:
-        apply.resolve = original
 
 
 def _shards(model):
