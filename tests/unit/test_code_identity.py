@@ -2,10 +2,12 @@
 model_identity.model_digest): each pair below is one script edited in one place so that a split by
 heads would compute otherwise, and the two must get different digests; the outputs are checked to
 differ too, so that each pair is a real change. Also: a digest reused in one process notices a patch
-made after it (a builtin swapped, a global bound later, a mutable default changed), a site-packages
+made after it (a builtin swapped, a global bound later, a mutable default changed, a variable of the
+environment set), a site-packages
 folder under the standard library's (conda, the python images) still counts as other code, and odd
 attributes never make the digest raise."""
 import functools
+import os
 import sys
 import textwrap
 import types
@@ -50,13 +52,18 @@ def _script(name, **parts):
     return module
 
 
-def _differ(label, a, b):
-    """Two versions of the script: their outputs differ (a real edit) and so must their digests."""
+def _differ(label, a, b, held=None):
+    """Two versions of the script (under one module name: only the edit differs), or one version whose
+    instances are given two values ``held`` (attribute, first value, second value) after construction:
+    their outputs differ (a real edit) and so must their digests."""
     x = torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(0))
     torch.manual_seed(0)
     first = a.Attn()
     torch.manual_seed(0)
     second = b.Attn()
+    if held is not None:
+        setattr(first, held[0], held[1])
+        setattr(second, held[0], held[2])
     with torch.no_grad():
         assert not torch.allclose(first(x), second(x)), f"{label}: the edit does not change the outputs"
     assert model_digest(first) != model_digest(second), f"{label}: the same key for different computations"
@@ -69,39 +76,39 @@ def _flag(flag):
 
 def test_flags_the_forward_reads():
     body = _flag("self.HEAD_MINOR")
-    _differ("class attribute", _script("s1a", classbody="HEAD_MINOR = False", body=body),
-            _script("s1b", classbody="HEAD_MINOR = True", body=body))
+    _differ("class attribute", _script("s1", classbody="HEAD_MINOR = False", body=body),
+            _script("s1", classbody="HEAD_MINOR = True", body=body))
     body = _flag("ORDER[0] == 1")
-    _differ("module-level tuple", _script("s2a", pre="ORDER = (0, 1)", body=body),
-            _script("s2b", pre="ORDER = (1, 0)", body=body))
+    _differ("module-level tuple", _script("s2", pre="ORDER = (0, 1)", body=body),
+            _script("s2", pre="ORDER = (1, 0)", body=body))
     body = _flag("cfg.HEAD_MINOR")
     pre = "import types as _t; cfg = _t.ModuleType('cfg'); cfg.HEAD_MINOR = {}"
-    _differ("a constant of another module", _script("s3a", pre=pre.format(False), body=body),
-            _script("s3b", pre=pre.format(True), body=body))
+    _differ("a constant of another module", _script("s3", pre=pre.format(False), body=body),
+            _script("s3", pre=pre.format(True), body=body))
     body = _flag("self.flags.head_minor")
     pre = "import collections; Flags = collections.namedtuple('Flags', 'head_minor')"
-    _differ("a named tuple the module holds", _script("s4a", pre=pre, init="self.flags = Flags(False)", body=body),
-            _script("s4b", pre=pre, init="self.flags = Flags(True)", body=body))
+    _differ("a named tuple the module holds", _script("s4", pre=pre, init="self.flags = Flags(False)", body=body),
+            _script("s4", pre=pre, init="self.flags = Flags(True)", body=body))
 
 
 def test_code_reached_through_decorators_attributes_and_super():
     helper = "@torch.no_grad()\ndef mix(t):\n    return t{}\n"
-    _differ("a decorated helper", _script("s5a", pre=helper.format(""), body="q = mix(q)"),
-            _script("s5b", pre=helper.format(".roll(1, dims=1)"), body="q = mix(q)"))
+    _differ("a decorated helper", _script("s5", pre=helper.format(""), body="q = mix(q)"),
+            _script("s5", pre=helper.format(".roll(1, dims=1)"), body="q = mix(q)"))
     layout = "class Layout:\n    def split(self, t):\n        return t{}\n"
     _differ("a method of an object the module holds",
-            _script("s6a", pre=layout.format(""), init="self.layout = Layout()", body="q = self.layout.split(q)"),
-            _script("s6b", pre=layout.format(".roll(1, dims=1)"), init="self.layout = Layout()",
+            _script("s6", pre=layout.format(""), init="self.layout = Layout()", body="q = self.layout.split(q)"),
+            _script("s6", pre=layout.format(".roll(1, dims=1)"), init="self.layout = Layout()",
                     body="q = self.layout.split(q)"))
     base = "class Base(nn.Module):\n    def forward(self, t):\n        return t{}\n"
     sub = "class Mixer(Base):\n    def forward(self, t):\n        return super().forward(t)\n"
     _differ("super().forward of an edited base",
-            _script("s7a", pre=base.format("") + sub, init="self.mixer = Mixer()", body="q = self.mixer(q)"),
-            _script("s7b", pre=base.format(".roll(1, dims=1)") + sub, init="self.mixer = Mixer()",
+            _script("s7", pre=base.format("") + sub, init="self.mixer = Mixer()", body="q = self.mixer(q)"),
+            _script("s7", pre=base.format(".roll(1, dims=1)") + sub, init="self.mixer = Mixer()",
                     body="q = self.mixer(q)"))
     pre = "import functools; mix = functools.partial(torch.roll, shifts={}, dims=1)"
-    _differ("a partial's arguments", _script("s8a", pre=pre.format(0), body="q = mix(q)"),
-            _script("s8b", pre=pre.format(1), body="q = mix(q)"))
+    _differ("a partial's arguments", _script("s8", pre=pre.format(0), body="q = mix(q)"),
+            _script("s8", pre=pre.format(1), body="q = mix(q)"))
 
 
 def test_a_reused_walk_notices_later_patches():
@@ -235,3 +242,63 @@ def test_a_weight_of_a_tensor_subclass_changes_it():
     other = nn.Sequential(nn.Linear(4, 4))
     other[0].weight = nn.Parameter(other[0].weight.detach().as_subclass(_Quantized))
     assert model_digest(plain) != model_digest(other)
+
+
+def test_state_held_in_namespaces_enums_deep_objects_and_the_environment():
+    """What a forward reads that the key once missed: a dict or a nested namespace inside a
+    SimpleNamespace or an argparse Namespace the module holds, an Enum member and a nested tuple a held
+    object's class defines, a flag four objects deep, and a variable of the environment."""
+    import argparse
+
+    class Box:
+        def __init__(self, inner):
+            self.inner = inner
+    for label, make, flag in (
+            ("a dict in a SimpleNamespace", lambda v: types.SimpleNamespace(heads=2, norm={"mix": v}),
+             "self.cfg.norm['mix']"),
+            ("a nested SimpleNamespace", lambda v: types.SimpleNamespace(attn=types.SimpleNamespace(mix=v)),
+             "self.cfg.attn.mix"),
+            ("a dict in an argparse Namespace", lambda v: argparse.Namespace(attn={"mix": v}), "self.cfg.attn['mix']"),
+            ("a flag four objects deep", lambda v: Box(Box(Box(Box(v)))), "self.cfg.inner.inner.inner.inner")):
+        module = _script("s20", body=_flag(flag))
+        _differ(label, module, module, held=("cfg", make(False), make(True)))
+    pre = ("import enum\nclass Mode(enum.Enum):\n    PLAIN = 0\n    MIX = 1\n"
+           "class Cfg:\n    mode = Mode.{}\n    pairs = (('mix', {}),)\n")
+    _differ("an Enum member a held object's class defines",
+            _script("s21", pre=pre.format("PLAIN", False), init="self.cfg = Cfg()", body=_flag("self.cfg.mode is Mode.MIX")),
+            _script("s21", pre=pre.format("MIX", False), init="self.cfg = Cfg()", body=_flag("self.cfg.mode is Mode.MIX")))
+    _differ("a nested tuple a held object's class defines",
+            _script("s22", pre=pre.format("PLAIN", False), init="self.cfg = Cfg()", body=_flag("dict(self.cfg.pairs)['mix']")),
+            _script("s22", pre=pre.format("PLAIN", True), init="self.cfg = Cfg()", body=_flag("dict(self.cfg.pairs)['mix']")))
+    module = _script("s24", pre="import os", body=_flag("os.environ.get('SHARDTORCH_TEST_MIX') == '1'"))
+    model = module.Attn()
+    os.environ.pop("SHARDTORCH_TEST_MIX", None)
+    base = model_digest(model)
+    os.environ["SHARDTORCH_TEST_MIX"] = "1"  # the walk of the same model, reused, must notice
+    try:
+        assert model_digest(model) != base, "a variable of the environment the forward reads"
+    finally:
+        del os.environ["SHARDTORCH_TEST_MIX"]
+    assert model_digest(model) == base
+
+
+def test_large_buffers_count_by_a_sample_and_deep_values_make_it_raise():
+    """A buffer past 65,536 values (a per-head bias loaded after the proof) counts by an evenly spaced
+    sample; a value nested past the key's depth makes the digest raise (parallelize then proves every
+    time) rather than being cut short."""
+    model = nn.Module()
+    model.register_buffer("bias", torch.zeros(4, 130, 130))
+    base = model_digest(model)
+    model.bias.normal_()
+    assert model_digest(model) != base
+    deep = nn.Module()
+    nested = [True]
+    for _ in range(20):
+        nested = [nested]
+    deep.flags = nested
+    try:
+        model_digest(deep)
+    except code_identity.values.TooDeep:
+        pass
+    else:
+        raise AssertionError("a value nested 20 deep was described without raising")

@@ -16,7 +16,7 @@ from .files import _library_class
 
 
 _ABSENT = object()
-_DEPTH = 6
+_DEPTH = 12
 _SMALL = 1 << 16
 #: Registry entries described at most (transformers' largest holds a few dozen).
 _REGISTRY_LIMIT = 256

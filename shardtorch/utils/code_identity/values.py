@@ -1,8 +1,10 @@
 """Values as the proof's key describes them (``Description``): simple ones by repr, tensors and arrays
 by shape, dtype and small contents, containers item by item, modules by class, attributes, parameter
 shapes and hooks, other objects by class and attributes; functions met are handed to the walk."""
+import argparse
 import functools
 import hashlib
+import os
 import types
 from collections.abc import Mapping
 from typing import Dict, List, Optional, Tuple
@@ -15,14 +17,16 @@ from .files import _class_file, _file_stamp, _installed_class, _library_class, i
 
 
 _DEVICE_TYPES: Dict[torch.device, str] = {}
-_SIMPLE_CONTAINERS = frozenset({tuple, list, frozenset, set, dict})
+#: What a library object holds that is described item by item: containers and plain namespaces.
+_HELD_BY_VALUE = (tuple, list, dict, set, frozenset, types.SimpleNamespace, argparse.Namespace)
+#: Class attributes that are not values: classes, modules, builtins and descriptors (the walk follows
+#: what code names of them).
+_NOT_VALUES = (type, types.ModuleType, property, staticmethod, classmethod, types.MemberDescriptorType,
+               types.GetSetDescriptorType) + _BUILTIN
 
 
-def _simple_items(value) -> bool:
-    """A container of simple values only (a class's list of names, its dict of styles)."""
-    if type(value) is dict:
-        return all(type(k) in _SIMPLE and type(v) in _SIMPLE for k, v in list(value.items()))
-    return all(type(v) in _SIMPLE for v in list(value))
+class TooDeep(ValueError):
+    """A value nested deeper than the key describes."""
 
 
 class Description:
@@ -54,6 +58,9 @@ class Description:
         if kind in _SIMPLE:
             self.parts.append(_constant(value) if kind is int else repr(value))
             return
+        if value is os.environ:  # `from os import environ`
+            self.environment(names)
+            return
         function = as_function(value)
         if function is not None:
             owner = None
@@ -84,9 +91,8 @@ class Description:
         if id(value) in self.seen:
             self.parts.append(f"seen {self.seen[id(value)][0]}")
             return
-        if depth > _DEPTH:
-            self.parts.append("deep " + kind.__qualname__)
-            return
+        if depth > _DEPTH:  # a value the key cannot hold whole: parallelize proves every time
+            raise TooDeep(f"{kind.__qualname__} nested more than {_DEPTH} deep")
         self.seen[id(value)] = (len(self.seen), value)  # held: a temporary's id is not reused meanwhile
         self.checked(value)
         if issubclass(kind, nn.Module):
@@ -136,6 +142,19 @@ class Description:
                 for item in items:
                     self.value(item, 1)
             items.clear()
+
+    def environment(self, names: Tuple[str, ...]) -> None:
+        """The variables of the environment the code names (in upper case: ``os.environ.get("FLAG")``), by
+        value, or unset."""
+        for name in names:
+            if name.isupper():
+                found = os.environ.get(name)
+                self.environment_read(name, found)
+                if found is not None:
+                    self.parts.append(f"environ {name}={found!r}")
+
+    def environment_read(self, name: str, found: Optional[str]) -> None:
+        """A variable of the environment read (the walk checks it still holds before reusing itself)."""
 
     def apart(self, value, depth: int) -> str:
         """``value``'s description as one string (for sorting a set's items)."""
@@ -188,8 +207,9 @@ class Description:
                     self.value(getattr(value, slot, None), depth + 1)
 
     def plain_attributes(self, value, depth: int) -> None:
-        """An object's attributes that are simple values (by repr) or functions (followed); containers and
-        other objects by class: what a library object holds that decides what code computes."""
+        """An object's attributes that are simple values (by repr), functions (followed), containers and
+        namespaces (item by item); other objects by class: what a library object holds that decides what
+        code computes."""
         try:
             attributes = object.__getattribute__(value, "__dict__")
         except Exception:  # noqa: BLE001
@@ -207,8 +227,9 @@ class Description:
             if kind in _SIMPLE or as_function(item) is not None or issubclass(kind, _BUILTIN):
                 self.parts.append(str(key))
                 self.value(item, depth + 1)
-            elif issubclass(kind, (tuple, list)) and all(type(v) in _SIMPLE for v in item):
-                self.parts.append(f"{key} {item!r}")
+            elif issubclass(kind, _HELD_BY_VALUE):  # a Namespace's dict of flags, a nested namespace
+                self.parts.append(str(key))
+                self.value(item, depth + 1)
             else:
                 self.parts.append(f"{key}: {_named(kind)}")
 
@@ -319,17 +340,12 @@ class Description:
             if file is not None and installed_file(file):
                 self.parts.append(f"class {_named(klass)} {_file_stamp(file)}")
                 continue
-            values = []
             for name, value in list(vars(klass).items()):
                 kind = type(value)
-                if kind in _SIMPLE or (kind in _SIMPLE_CONTAINERS and _simple_items(value)):
-                    if not name.startswith("__"):  # a set in an order string hashing does not decide
-                        values.append((name, sorted(map(repr, value)) if kind is set or kind is frozenset else value))
-            if values:
-                try:
-                    self.parts.append(f"class values {_named(klass)} {values!r}")
-                except ValueError:  # an int past repr's 4,300 digits
-                    self.parts.append(f"class values {_named(klass)} {[(n, _constant(v)) for n, v in values]!r}")
+                if name.startswith("__") or as_function(value) is not None or issubclass(kind, _NOT_VALUES):
+                    continue  # methods (the walk's), classes, modules, descriptors
+                self.parts.append(f"class value {_named(klass)}.{name}")
+                self.value(value, 1)
 
     def tensor(self, tensor: torch.Tensor, contents: bool) -> None:
         if tensor.is_nested:  # no sizes to read
@@ -344,9 +360,14 @@ class Description:
             self.klass(kind, ("__torch_function__", "__torch_dispatch__"))
             self.plain_attributes(tensor, 1)
         if not contents or tensor.is_meta or tensor.is_nested or tensor.layout != torch.strided \
-                or tensor.is_quantized or tensor.numel() > _SMALL:
+                or tensor.is_quantized or tensor.numel() == 0:
             return
-        flat = tensor.detach().resolve_conj().resolve_neg().reshape(-1).to("cpu")
+        flat = tensor.detach().resolve_conj().resolve_neg().reshape(-1)
+        if flat.numel() > _SMALL:  # a large buffer: 65,536 values evenly spaced, the last among them
+            step = -(-flat.numel() // _SMALL)
+            flat = torch.cat((flat[::step], flat[-1:]))
+            self.parts.append(f"sampled {step}")
+        flat = flat.to("cpu")
         if flat.is_complex():
             flat = torch.view_as_real(flat).reshape(-1)
         flat = flat.to(torch.uint8) if flat.dtype == torch.bool else flat.contiguous().view(torch.uint8)

@@ -4,6 +4,7 @@ import functools
 import hashlib
 import itertools
 import operator
+import os
 import sys
 import types
 from collections.abc import Mapping
@@ -91,6 +92,9 @@ class _Walk(Description):
 
     def bound(self, cls: type, name: str, definition) -> None:
         self.checks.append(("class", cls, name, definition))
+
+    def environment_read(self, name: str, found) -> None:
+        self.checks.append(("environ", name, found))
 
     def class_values(self, cls: type) -> None:
         """Not part of the walk (reused while its bindings hold): the model's description reads them each
@@ -228,6 +232,9 @@ class _Walk(Description):
             if found is _ABSENT or isinstance(found, type):
                 continue
             self.checks.append(("get", space, name, found))
+            if found is os.environ:  # os.environ.get("FLAG")
+                self.environment(names)
+                continue
             if isinstance(found, types.ModuleType):
                 if depth < 2:  # nn.functional.silu
                     self.library_module(found, names, depth + 1)
@@ -307,6 +314,7 @@ class _Checks:
         self.code = [(c[1], c[2]) for c in checks if c[0] == "code"]
         self.cells = [(c[1], c[3]) for c in checks if c[0] == "cell"]
         self.values = [(c[1], c[2]) for c in checks if c[0] == "value"]
+        self.environment = [(c[1], c[2]) for c in checks if c[0] == "environ"]
 
     def hold(self) -> bool:
         return (all(map(operator.is_, map(dict.get, self.dict_spaces, self.dict_names, itertools.repeat(_ABSENT)),
@@ -315,7 +323,8 @@ class _Checks:
                 and all(class_attribute(cls, name) is found for cls, name, found in self.classes)
                 and all((f.__code__, f.__defaults__, f.__kwdefaults__) == found for f, found in self.code)
                 and all(_cell(cell) is found for cell, found in self.cells)
-                and all(_snapshot(value) == snapshot for value, snapshot in self.values))
+                and all(_snapshot(value) == snapshot for value, snapshot in self.values)
+                and all(os.environ.get(name) == found for name, found in self.environment))
 
 
 def _cell(cell):
