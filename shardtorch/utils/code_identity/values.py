@@ -1,6 +1,7 @@
 """Values as the proof's key describes them (``Description``): simple ones by repr, tensors and arrays
-by shape, dtype and small contents, containers item by item, modules by class, attributes, parameter
-shapes and hooks, other objects by class and attributes; functions met are handed to the walk."""
+by shape, dtype and contents (a large buffer by a sample), containers item by item, modules by class,
+attributes, parameter shapes, ties and hooks, other objects by class and attributes, the values classes
+define; functions met are handed to the walk."""
 import argparse
 import functools
 import hashlib
@@ -41,7 +42,7 @@ class Description:
         self.starts: List[Tuple[types.FunctionType, Optional[type]]] = []
         self.seen: Dict[int, tuple] = {}  # id -> (number, the value itself)
         self.parameters: Dict[int, tuple] = {}  # id -> (number, the parameter), in the order described
-        self.valued = set()  # classes whose simple values are described
+        self.valued = set()  # classes whose values are described
         self.classes = set()
 
     def text(self, value: str) -> None:
@@ -325,8 +326,9 @@ class Description:
                 self.follow(function, cls)
 
     def class_values(self, cls: type) -> None:
-        """The simple values ``cls`` and its classes define (head counts, flags, names: what a layout or a
-        forward may read through an instance, ``self.num_heads``, ``config.num_heads``), whether or not
+        """The values ``cls`` and its classes define, other than methods, classes and descriptors (head
+        counts, flags, enum members, tuples of names: what a layout or a forward may read through an
+        instance, ``self.num_heads``, ``config.num_heads``), whether or not
         code names them, and its name as ``type(m).__name__`` gives it. Torch's and Python's classes are
         left out; an installed package's count by their file's stamp (an edit; its hundreds of attributes
         are not read each time). Each class once."""
