@@ -24,7 +24,7 @@ from .hf_methods import parallel_hf_methods
 from .input_agreement import check_inputs_at_first_training_forward
 from .logits import check_logits_option, gather_output_logits, generating
 from .adapter_save import route_save_pretrained
-from .lora import follow_split, lift_lora, peft_base_model, put_back, refuse_adapters_that_cannot_follow
+from .lora import follow_split, lift_lora, lora_lifted, peft_base_model, refuse_adapters_that_cannot_follow
 from .options_agree import check_options_agree, options_checked
 from .miniature import prove_on_miniature
 from . import proof
@@ -120,12 +120,9 @@ def parallelize(model: nn.Module, plan: Union[str, Dict[str, str]] = "auto", gro
     if placements is None:
         # peft's adapter layers are lifted off their projections while the plan is read and applied (the
         # layouts know projections), and put back around the whole model the proof first runs.
-        lifted = lift_lora(model)
-        try:
+        with lora_lifted(model) as lifted:
             placements = resolve(model, plan, size, sequence_parallel)
             refuse_adapters_that_cannot_follow(lifted, placements)
-        finally:
-            put_back(lifted)
     blocks = _sequence_parallel_blocks(model, placements) if sequence_parallel else []
     if remembered is True:
         proving = None
@@ -227,15 +224,13 @@ def _proven_before(model, plan, verify, probe, on_meta, size, sequence_parallel,
     found = proof_cache.proven(digest) if digest is not None else None
     placements = None
     if found is not None:
-        lifted = lift_lora(model)  # the layouts read projections, as when the plan was resolved
         try:
-            placements = read_again(model, found[1], size, sequence_parallel)
-            if placements is not None:
-                refuse_adapters_that_cannot_follow(lifted, placements)
+            with lora_lifted(model) as lifted:  # the layouts read projections, as when the plan was resolved
+                placements = read_again(model, found[1], size, sequence_parallel)
+                if placements is not None:
+                    refuse_adapters_that_cannot_follow(lifted, placements)
         except Exception:  # noqa: BLE001 - a kept plan that no longer applies: resolved and proven anew
             placements = None
-        finally:
-            put_back(lifted)
     if proof_cache.agree(digest, None if placements is None else found[1], parameters, group):
         proof_cache.say_again(found[0])
         return True, placements

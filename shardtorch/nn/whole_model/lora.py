@@ -11,8 +11,9 @@
 
 peft is imported only where a model or a config of its own is given.
 """
+import contextlib
 import sys
-from typing import List, Tuple
+from typing import Iterator, List, Tuple
 
 from torch import nn
 
@@ -63,6 +64,17 @@ def put_back(lifted: Lifted) -> None:
     """The adapter layers back around their projections, none of them split."""
     for _, parent, attribute, layer in lifted:
         setattr(parent, attribute, layer)
+
+
+@contextlib.contextmanager
+def lora_lifted(model: nn.Module) -> Iterator[Lifted]:
+    """Inside, the adapter layers are lifted off their projections (``lift_lora``: the layouts read the
+    projections they know); put back on the way out, whatever happens."""
+    lifted = lift_lora(model)
+    try:
+        yield lifted
+    finally:
+        put_back(lifted)
 
 
 def follow_split(lifted: Lifted) -> None:

@@ -1,5 +1,5 @@
 """What a model computes, as a digest: its modules (each one's class, attributes, parameters' and
-buffers' shapes and dtypes, which parameters are one tensor, hooks), its config, the simple values the
+buffers' shapes and dtypes, which parameters are one tensor, hooks), its config, the values the
 classes of its modules and of the objects they hold define (what a layout or a forward may read through
 an instance, named by the code or not; an installed package's classes by their file's stamp), and the
 Python code its modules' classes reach
@@ -9,7 +9,8 @@ the weights' values are not part of it (the proof checks how the split reads wei
 depend on them, as a miniature's proof already assumes).
 
 Attributes count by value where they are simple (a head count, a flag, a tuple of sizes), by class
-and attributes otherwise; small buffers (rotary frequencies, masks) by their contents too.
+and attributes otherwise; buffers (rotary frequencies, masks) by their contents too, a large one by an
+evenly spaced sample.
 """
 import hashlib
 from typing import Optional

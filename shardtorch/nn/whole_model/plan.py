@@ -14,7 +14,7 @@ from .layers import is_projection, projection_sizes
 from .layouts import ATTENTION_LAYOUTS, EXPERT_LAYOUTS, KINDS, MLP_LAYOUTS, find_layout
 from .layouts.base import Fit, Layout
 from .layouts.families import WHOLE_ATTENTION_CLASSES
-from .lora import lift_lora, peft_base_model, put_back
+from .lora import lora_lifted, peft_base_model
 from .vocabulary import find_vocabulary, tied_vocabulary_holders, vocabulary_refusal
 
 #: The styles a plan entry may name.
@@ -61,11 +61,8 @@ def auto_plan(model: nn.Module) -> Dict[str, str]:
         raise TypeError(f"auto_plan: model must be a torch.nn.Module, got {type(model).__name__}")
     base = peft_base_model(model)
     model = model if base is None else base  # a PeftModel: its base model's plan, as parallelize applies it
-    lifted = lift_lora(model)
-    try:
+    with lora_lifted(model):
         return {p.name: p.style for p in _discover(model)}
-    finally:
-        put_back(lifted)
 
 
 def resolve(model: nn.Module, plan: Union[str, Dict[str, str]], size: int,

@@ -188,14 +188,14 @@ def weights_sample(parameters: Iterable[torch.Tensor]) -> float:
 _NUMPY = (torch.float64, torch.float32, torch.float16)
 
 
-def agree(digest: Optional[str], found: Optional[list], parameters: List[torch.Tensor], group: str) -> bool:
+def agree(digest: Optional[str], kept: Optional[list], parameters: List[torch.Tensor], group: str) -> bool:
     """Whether every rank of ``group`` has the proof under the same key, with the same placements
-    (``found``: this rank's, or None), in one all-gather that every rank joins, with a key or without.
+    (``kept``: this rank's, or None), in one all-gather that every rank joins, with a key or without.
     Raises on every rank where all have it but their weights (``parameters``: those the key described)
     differ."""
-    if found is not None and digest is not None:
-        digest = hashlib.sha256((digest + repr(found)).encode()).hexdigest()
-    found = found is not None
+    if kept is not None and digest is not None:
+        digest = hashlib.sha256((digest + repr(kept)).encode()).hexdigest()
+    found = kept is not None
     size = state.get_group_size(group)
     sample = 0.0
     if found:

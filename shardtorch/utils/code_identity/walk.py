@@ -62,11 +62,11 @@ def _unchanging(value, depth: int = 0) -> bool:
     kind = type(value)
     if kind in _SIMPLE:
         return True
-    if depth == 0 or not (kind is types.FunctionType or kind is type or kind is types.ModuleType):
-        if kind is not tuple and kind is not frozenset or depth > 3:
-            return False
+    if depth > 0 and (kind is types.FunctionType or kind is type or kind is types.ModuleType):
+        return True
+    if (kind is tuple or kind is frozenset) and depth <= 3:
         return all(_unchanging(item, depth + 1) for item in value)
-    return True
+    return False
 
 
 class _Walk(Description):
